@@ -40,8 +40,8 @@ inline std::string join_ranks(const std::vector<int>& ranks) {
 
 // Where a configuration problem is: the key, and, when it came from a file, file/line/column.
 struct config_location {
-  std::string key;        // the config key ("batch_size_per_gpu"); empty for a syntax error
-  std::string file;       // the TOML file, or "command line"; empty when not known
+  std::string key{};       // the config key ("batch_size_per_gpu"); empty for a syntax error
+  std::string file{};      // the TOML file, or "command line"; empty when not known
   std::uint32_t line = 0;  // 1-based; 0 when not known
   std::uint32_t column = 0;
 };
@@ -78,14 +78,14 @@ class config_error : public error {
   }
 
   config_location where_;
-  std::string message_;
+  std::string message_{};
 };
 
 // Where a data problem is: the file, the byte offset in it, the sample index.
 struct data_location {
-  std::string file;
-  std::optional<std::uint64_t> offset;        // byte offset in the (decompressed) stream
-  std::optional<std::uint64_t> sample_index;  // the sample being read or transformed
+  std::string file{};
+  std::optional<std::uint64_t> offset{};        // byte offset in the (decompressed) stream
+  std::optional<std::uint64_t> sample_index{};  // the sample being read or transformed
 };
 
 // A malformed or unreadable data file, or a failure while loading a sample.
@@ -143,11 +143,11 @@ constexpr std::string_view to_string(comm_error_kind kind) noexcept {
 // What a communication error is about.
 struct comm_error_info {
   comm_error_kind kind = comm_error_kind::backend;
-  std::string op;                  // "all_reduce", "send", ...
-  std::uint64_t sequence = 0;      // the op's sequence number on this communicator
-  int rank = -1;                   // the rank that reports the error
-  std::vector<int> arrived;        // ranks that reached the op (when known)
-  std::vector<int> missing;        // ranks that did not (when known)
+  std::string op{};            // "all_reduce", "send", ...
+  std::uint64_t sequence = 0;  // the op's sequence number on this communicator
+  int rank = -1;               // the rank that reports the error
+  std::vector<int> arrived{};  // ranks that reached the op (when known)
+  std::vector<int> missing{};  // ranks that did not (when known)
 };
 
 class comm_error : public error {
@@ -186,8 +186,8 @@ class comm_error : public error {
 
 // A checkpoint that could not be written, or one found torn or corrupt on resume.
 struct checkpoint_location {
-  std::string path;   // the checkpoint directory or file
-  std::string check;  // the check that failed ("manifest parse", "xxh3 of shard-0.bin", ...)
+  std::string path{};   // the checkpoint directory or file
+  std::string check{};  // the check that failed ("manifest parse", "xxh3 of shard-0.bin", ...)
 };
 
 class checkpoint_error : public error {
@@ -215,10 +215,10 @@ class checkpoint_error : public error {
 
 // An allocation that would exceed a memory budget, or that the system refused.
 struct memory_request {
-  std::string space;               // "host", "cuda:0"
-  std::size_t requested = 0;       // bytes asked for
-  std::size_t in_use = 0;          // bytes in use before the request
-  std::size_t budget = 0;          // the budget; 0 when unlimited
+  std::string space{};        // "host", "cuda:0"
+  std::size_t requested = 0;  // bytes asked for
+  std::size_t in_use = 0;     // bytes in use before the request
+  std::size_t budget = 0;     // the budget; 0 when unlimited
 };
 
 class memory_error : public error {

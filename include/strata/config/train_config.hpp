@@ -1,0 +1,433 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+// The training configuration: the seed article's table (batch_size_per_gpu,
+// gradient_accumulation_steps, world_size, communication_backend, mixed_precision_dtype,
+// checkpoint_interval, lr_schedule) plus what the trainer, loader, parallel policies and tuner
+// read. One table of key descriptors (`visit_keys`) drives the TOML reader, the command-line
+// overrides, range checks, the printer and the documentation test, so a key is declared once.
+
+#include <array>
+#include <charconv>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <string_view>
+#include <system_error>
+
+#include "strata/core/error.hpp"
+
+namespace strata::config {
+
+enum class comm_backend_kind { threads, mpi, nccl };
+enum class precision_dtype { float32, float16, bfloat16 };
+enum class lr_schedule_kind { constant, step, cosine };
+enum class optimizer_kind { sgd, adamw };
+enum class pipeline_schedule_kind { gpipe, one_f_one_b, interleaved_1f1b };
+enum class gradient_sync_kind { all_reduce, parameter_server, hierarchical };
+enum class compression_kind { none, float16, bfloat16, topk };
+
+// The spelling of each enum value in TOML and on the command line.
+template <class E>
+struct enum_names;
+template <>
+struct enum_names<comm_backend_kind> {
+  static constexpr std::array<std::string_view, 3> names{"threads", "mpi", "nccl"};
+};
+template <>
+struct enum_names<precision_dtype> {
+  static constexpr std::array<std::string_view, 3> names{"float32", "float16", "bfloat16"};
+};
+template <>
+struct enum_names<lr_schedule_kind> {
+  static constexpr std::array<std::string_view, 3> names{"constant", "step", "cosine"};
+};
+template <>
+struct enum_names<optimizer_kind> {
+  static constexpr std::array<std::string_view, 2> names{"sgd", "adamw"};
+};
+template <>
+struct enum_names<pipeline_schedule_kind> {
+  static constexpr std::array<std::string_view, 3> names{"gpipe", "one_f_one_b",
+                                                         "interleaved_1f1b"};
+};
+template <>
+struct enum_names<gradient_sync_kind> {
+  static constexpr std::array<std::string_view, 3> names{"all_reduce", "parameter_server",
+                                                         "hierarchical"};
+};
+template <>
+struct enum_names<compression_kind> {
+  static constexpr std::array<std::string_view, 4> names{"none", "float16", "bfloat16", "topk"};
+};
+
+template <class E>
+concept named_enum = std::is_enum_v<E> && requires {
+  enum_names<E>::names;
+};
+
+template <named_enum E>
+constexpr std::string_view to_string(E value) noexcept {
+  const auto i = static_cast<std::size_t>(value);
+  return i < enum_names<E>::names.size() ? enum_names<E>::names[i] : std::string_view("?");
+}
+
+template <named_enum E>
+constexpr std::optional<E> parse_enum(std::string_view text) noexcept {
+  for (std::size_t i = 0; i < enum_names<E>::names.size(); ++i) {
+    if (enum_names<E>::names[i] == text) {
+      return static_cast<E>(i);
+    }
+  }
+  return std::nullopt;
+}
+
+// "threads | mpi | nccl"
+template <named_enum E>
+std::string allowed_values() {
+  std::string out;
+  for (std::size_t i = 0; i < enum_names<E>::names.size(); ++i) {
+    if (i != 0) {
+      out += " | ";
+    }
+    out += enum_names<E>::names[i];
+  }
+  return out;
+}
+
+// Every runtime knob of a training run. Defaults are those of the Fashion-MNIST examples.
+struct train_config {
+  // The seed article's table (names kept exactly).
+  std::int64_t batch_size_per_gpu = 64;
+  std::int64_t gradient_accumulation_steps = 1;
+  std::int64_t world_size = 1;
+  comm_backend_kind communication_backend = comm_backend_kind::threads;
+  precision_dtype mixed_precision_dtype = precision_dtype::float32;
+  std::int64_t checkpoint_interval = 1;  // epochs; 0 = only at the end of training
+  lr_schedule_kind lr_schedule = lr_schedule_kind::cosine;
+
+  // Training and optimizer.
+  std::int64_t epochs = 15;
+  std::int64_t seed = 42;
+  optimizer_kind optimizer = optimizer_kind::sgd;
+  double lr = 0.05;
+  double momentum = 0.9;
+  bool nesterov = true;
+  double weight_decay = 5e-4;
+  double adam_beta1 = 0.9;
+  double adam_beta2 = 0.999;
+  double adam_eps = 1e-8;
+  double warmup_epochs = 0.0;
+  std::int64_t lr_step_size = 5;  // epochs between decays of the step schedule
+  double lr_gamma = 0.1;          // the step schedule's factor
+  double lr_min = 0.0;            // the cosine schedule's floor
+
+  // Data.
+  std::string data_dir = "/usr/share/dataset-fashion-mnist";
+  std::int64_t loader_workers = 2;  // 0 = augment synchronously in the training thread
+  std::int64_t prefetch_depth = 4;  // ready batches kept ahead of the step
+  bool augment = true;
+
+  // Checkpoints.
+  std::string checkpoint_dir = "checkpoints";
+  std::int64_t checkpoint_keep = 3;
+
+  // Parallel layout: world_size = data x tensor x pipeline.
+  std::int64_t data_parallel_size = 0;  // 0 = world_size / (tensor x pipeline)
+  std::int64_t tensor_parallel_size = 1;
+  std::int64_t pipeline_parallel_size = 1;
+  pipeline_schedule_kind pipeline_schedule = pipeline_schedule_kind::one_f_one_b;
+  std::int64_t micro_batches = 1;
+  gradient_sync_kind gradient_sync = gradient_sync_kind::all_reduce;
+  std::int64_t bucket_size_mb = 25;
+  compression_kind gradient_compression = compression_kind::none;
+  double topk_ratio = 0.01;
+
+  // Memory and batch adaptation.
+  std::int64_t memory_budget_mb = 0;  // 0 = the execution space's capacity
+  bool adaptive_batch = false;
+  std::int64_t adaptive_batch_min = 8;
+  std::int64_t adaptive_batch_max = 512;
+
+  // Communication.
+  double comm_timeout = 300.0;  // seconds any wait may take before it becomes a comm_error
+
+  bool operator==(const train_config&) const = default;
+};
+
+// ---- key descriptors ---------------------------------------------------------------------------
+
+struct int_key {
+  std::string_view name;
+  std::int64_t train_config::*member;
+  std::int64_t min;
+  std::int64_t max;
+  std::string_view doc;
+};
+
+struct real_key {
+  std::string_view name;
+  double train_config::*member;
+  double min;
+  double max;
+  bool min_exclusive;  // (min, max] instead of [min, max]
+  std::string_view doc;
+};
+
+struct bool_key {
+  std::string_view name;
+  bool train_config::*member;
+  std::string_view doc;
+};
+
+struct string_key {
+  std::string_view name;
+  std::string train_config::*member;
+  std::string_view doc;
+};
+
+template <named_enum E>
+struct enum_key {
+  std::string_view name;
+  E train_config::*member;
+  std::string_view doc;
+};
+
+inline constexpr std::int64_t int_max = std::numeric_limits<std::int64_t>::max();
+inline constexpr double real_max = std::numeric_limits<double>::max();
+
+// Calls v(descriptor) for every key, in the order of the documentation and of print_toml.
+template <class Visitor>
+constexpr void visit_keys(Visitor&& v) {
+  using c = train_config;
+  // The seed table.
+  v(int_key{"batch_size_per_gpu", &c::batch_size_per_gpu, 1, 1 << 20,
+            "Samples per rank in one micro-step."});
+  v(int_key{"gradient_accumulation_steps", &c::gradient_accumulation_steps, 1, 1 << 16,
+            "Micro-steps whose gradients are summed before one optimizer step."});
+  v(int_key{"world_size", &c::world_size, 1, 1 << 16,
+            "Number of ranks; must equal the launcher's (mpiexec -n, threads)."});
+  v(enum_key<comm_backend_kind>{"communication_backend", &c::communication_backend,
+                                "How ranks talk: threads of one process, MPI, or NCCL."});
+  v(enum_key<precision_dtype>{"mixed_precision_dtype", &c::mixed_precision_dtype,
+                              "Compute dtype; parameters stay float32 (master weights)."});
+  v(int_key{"checkpoint_interval", &c::checkpoint_interval, 0, int_max,
+            "Epochs between checkpoints; 0 = only at the end."});
+  v(enum_key<lr_schedule_kind>{"lr_schedule", &c::lr_schedule, "Learning-rate schedule."});
+  // Training and optimizer.
+  v(int_key{"epochs", &c::epochs, 1, 1 << 20, "Epochs to train."});
+  v(int_key{"seed", &c::seed, 0, int_max,
+            "Seed of every random stream (init, shuffle, augmentation, dropout)."});
+  v(enum_key<optimizer_kind>{"optimizer", &c::optimizer, "Optimizer."});
+  v(real_key{"lr", &c::lr, 0.0, 1e3, true, "Peak learning rate (after warmup)."});
+  v(real_key{"momentum", &c::momentum, 0.0, 1.0, false, "SGD momentum; 0 = none."});
+  v(bool_key{"nesterov", &c::nesterov, "Nesterov momentum for SGD."});
+  v(real_key{"weight_decay", &c::weight_decay, 0.0, 1.0, false,
+             "Decoupled weight decay (AdamW) or L2 (SGD)."});
+  v(real_key{"adam_beta1", &c::adam_beta1, 0.0, 1.0, false, "AdamW first-moment decay."});
+  v(real_key{"adam_beta2", &c::adam_beta2, 0.0, 1.0, false, "AdamW second-moment decay."});
+  v(real_key{"adam_eps", &c::adam_eps, 0.0, 1.0, true, "AdamW denominator epsilon."});
+  v(real_key{"warmup_epochs", &c::warmup_epochs, 0.0, real_max, false,
+             "Linear warmup from 0 to lr, in epochs (fractions allowed), before the schedule."});
+  v(int_key{"lr_step_size", &c::lr_step_size, 1, int_max,
+            "Epochs between decays of the step schedule."});
+  v(real_key{"lr_gamma", &c::lr_gamma, 0.0, 1.0, true, "Factor of each step-schedule decay."});
+  v(real_key{"lr_min", &c::lr_min, 0.0, real_max, false, "Floor of the cosine schedule."});
+  // Data.
+  v(string_key{"data_dir", &c::data_dir,
+               "Directory with the IDX files (Debian: dataset-fashion-mnist)."});
+  v(int_key{"loader_workers", &c::loader_workers, 0, 256,
+            "Loader threads that augment ahead of the step; 0 = in the training thread."});
+  v(int_key{"prefetch_depth", &c::prefetch_depth, 1, 1024,
+            "Ready batches the loader keeps ahead of the step."});
+  v(bool_key{"augment", &c::augment, "Apply the example's augmentation chain to training data."});
+  // Checkpoints.
+  v(string_key{"checkpoint_dir", &c::checkpoint_dir, "Directory of epoch-N/ checkpoints."});
+  v(int_key{"checkpoint_keep", &c::checkpoint_keep, 1, 1 << 20,
+            "Newest checkpoints kept; older ones are removed."});
+  // Parallel layout.
+  v(int_key{"data_parallel_size", &c::data_parallel_size, 0, 1 << 16,
+            "Data-parallel ranks; 0 = world_size / (tensor x pipeline)."});
+  v(int_key{"tensor_parallel_size", &c::tensor_parallel_size, 1, 1 << 16,
+            "Ranks splitting each layer (Megatron column/row)."});
+  v(int_key{"pipeline_parallel_size", &c::pipeline_parallel_size, 1, 1 << 16, "Pipeline stages."});
+  v(enum_key<pipeline_schedule_kind>{"pipeline_schedule", &c::pipeline_schedule,
+                                     "Order of forward and backward micro-batches."});
+  v(int_key{"micro_batches", &c::micro_batches, 1, 1 << 16,
+            "Micro-batches per step in a pipeline."});
+  v(enum_key<gradient_sync_kind>{"gradient_sync", &c::gradient_sync,
+                                 "How data-parallel ranks combine gradients."});
+  v(int_key{"bucket_size_mb", &c::bucket_size_mb, 1, 1 << 16,
+            "Gradient bucket size for all-reduce overlapped with backward, MiB."});
+  v(enum_key<compression_kind>{"gradient_compression", &c::gradient_compression,
+                               "Gradient compression before communication."});
+  v(real_key{"topk_ratio", &c::topk_ratio, 0.0, 1.0, true,
+             "Share of gradient entries top-k compression sends."});
+  // Memory and batch adaptation.
+  v(int_key{"memory_budget_mb", &c::memory_budget_mb, 0, int_max,
+            "Memory budget per rank, MiB; 0 = the device's capacity."});
+  v(bool_key{"adaptive_batch", &c::adaptive_batch,
+             "Pick the micro-batch from live memory, keeping the global batch fixed."});
+  v(int_key{"adaptive_batch_min", &c::adaptive_batch_min, 1, 1 << 20,
+            "Smallest micro-batch the adaptive policy may use."});
+  v(int_key{"adaptive_batch_max", &c::adaptive_batch_max, 1, 1 << 20,
+            "Largest micro-batch the adaptive policy may use."});
+  // Communication.
+  v(real_key{"comm_timeout", &c::comm_timeout, 0.0, 86400.0, true,
+             "Seconds any communication wait may take before it fails on every rank."});
+}
+
+// The names of every key, in order.
+inline constexpr std::size_t key_count = [] {
+  std::size_t n = 0;
+  visit_keys([&n](const auto&) { ++n; });
+  return n;
+}();
+
+inline constexpr std::array<std::string_view, key_count> key_names = [] {
+  std::array<std::string_view, key_count> out{};
+  std::size_t i = 0;
+  visit_keys([&](const auto& key) { out[i++] = key.name; });
+  return out;
+}();
+
+// ---- values as text ----------------------------------------------------------------------------
+
+namespace detail {
+
+// Shortest text that reads back to the same double, always in TOML float form.
+inline std::string format_real(double value) {
+  if (std::isnan(value)) {
+    return "nan";
+  }
+  if (std::isinf(value)) {
+    return value > 0 ? "inf" : "-inf";
+  }
+  std::array<char, 64> buf{};
+  const auto [end, ec] = std::to_chars(buf.data(), buf.data() + buf.size(), value);
+  std::string out(buf.data(), ec == std::errc{} ? end : buf.data());
+  if (out.find_first_of(".eE") == std::string::npos) {
+    out += ".0";
+  }
+  return out;
+}
+
+inline std::string quote(std::string_view text) {
+  std::string out = "\"";
+  for (const char ch : text) {
+    switch (ch) {
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      default:
+        out += ch;
+    }
+  }
+  return out + "\"";
+}
+
+}  // namespace detail
+
+// "1 .. 1048576", "(0, 1000]", "true | false", "threads | mpi | nccl", "any path"
+template <class Key>
+std::string allowed_text(const Key& key) {
+  if constexpr (std::is_same_v<Key, int_key>) {
+    return std::to_string(key.min) + " .. " +
+           (key.max == int_max ? std::string("max") : std::to_string(key.max));
+  } else if constexpr (std::is_same_v<Key, real_key>) {
+    return std::string(key.min_exclusive ? "(" : "[") + detail::format_real(key.min) + ", " +
+           (key.max == real_max ? std::string("inf)") : detail::format_real(key.max) + "]");
+  } else if constexpr (std::is_same_v<Key, bool_key>) {
+    return "true | false";
+  } else if constexpr (std::is_same_v<Key, string_key>) {
+    return "any string";
+  } else {
+    using enum_type = std::remove_cvref_t<decltype(std::declval<train_config>().*(key.member))>;
+    return allowed_values<enum_type>();
+  }
+}
+
+template <class Key>
+constexpr std::string_view type_text(const Key&) {
+  if constexpr (std::is_same_v<Key, int_key>) {
+    return "integer";
+  } else if constexpr (std::is_same_v<Key, real_key>) {
+    return "float";
+  } else if constexpr (std::is_same_v<Key, bool_key>) {
+    return "boolean";
+  } else if constexpr (std::is_same_v<Key, string_key>) {
+    return "string";
+  } else {
+    return "string (one of)";
+  }
+}
+
+// The value of `key` in `cfg`, as TOML.
+template <class Key>
+std::string value_text(const train_config& cfg, const Key& key) {
+  const auto& value = cfg.*(key.member);
+  if constexpr (std::is_same_v<Key, int_key>) {
+    return std::to_string(value);
+  } else if constexpr (std::is_same_v<Key, real_key>) {
+    return detail::format_real(value);
+  } else if constexpr (std::is_same_v<Key, bool_key>) {
+    return value ? "true" : "false";
+  } else if constexpr (std::is_same_v<Key, string_key>) {
+    return detail::quote(value);
+  } else {
+    return detail::quote(to_string(value));
+  }
+}
+
+// Checks that a value already stored is inside its key's range; throws config_error naming the key,
+// the value and what is allowed.
+template <class Key>
+void check_range(const train_config& cfg, const Key& key, const config_location& where) {
+  if constexpr (std::is_same_v<Key, int_key>) {
+    const auto value = cfg.*(key.member);
+    if (value < key.min || value > key.max) {
+      throw config_error(where, "value " + std::to_string(value) +
+                                    " is out of range; allowed: " + allowed_text(key));
+    }
+  } else if constexpr (std::is_same_v<Key, real_key>) {
+    const auto value = cfg.*(key.member);
+    const bool below = key.min_exclusive ? !(value > key.min) : !(value >= key.min);
+    if (below || !(value <= key.max)) {
+      throw config_error(where, "value " + detail::format_real(value) +
+                                    " is out of range; allowed: " + allowed_text(key));
+    }
+  }
+}
+
+// The whole configuration as TOML that reads back to an equal train_config.
+inline std::string print_toml(const train_config& cfg) {
+  std::string out = "# strata training configuration\n";
+  visit_keys([&](const auto& key) {
+    std::string line = std::string(key.name) + " = " + value_text(cfg, key);
+    if (line.size() < 44) {
+      line.resize(44, ' ');
+    } else {
+      line += ' ';
+    }
+    out += line + "# " + std::string(key.doc) + "\n";
+  });
+  return out;
+}
+
+inline std::ostream& operator<<(std::ostream& os, const train_config& cfg) {
+  return os << print_toml(cfg);
+}
+
+}  // namespace strata::config

@@ -1,0 +1,341 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+// Counter-based random numbers: Philox4x32-10 and the streams built on it.
+//
+// A counter-based generator is a keyed bijection applied to a counter, so the n-th block of any
+// stream is computed directly, without running through the n-1 before it. strata uses this to
+// give every sample of every epoch its own stream, derived in O(1) from (seed, epoch, sample
+// index): which loader worker or rank draws a sample, and in which order, never changes what it
+// draws.
+//
+// Everything here is constexpr, noexcept, free of heap and virtual calls, and callable from
+// CUDA device code (STRATA_HOST_DEVICE), except shuffle(), which is host-only. normal() and
+// normal_float() call <cmath> and are not constexpr.
+
+#include <cassert>
+#include <cmath>
+#include <concepts>
+#include <cstdint>
+#include <iterator>
+
+#include "strata/core/macros.hpp"
+
+namespace strata {
+
+// Four 32-bit words: a Philox4x32 counter, or one output block.
+struct philox4x32_counter {
+  std::uint32_t words[4] = {0, 0, 0, 0};
+
+  friend constexpr bool operator==(const philox4x32_counter&, const philox4x32_counter&) = default;
+};
+
+// Two 32-bit words: a Philox4x32 key.
+struct philox4x32_key {
+  std::uint32_t words[2] = {0, 0};
+
+  friend constexpr bool operator==(const philox4x32_key&, const philox4x32_key&) = default;
+};
+
+// Philox4x32 (Salmon, Moraes, Dror, Shaw, "Parallel random numbers: as easy as 1, 2, 3", SC'11):
+// constants, one round, the key schedule, and the R-round bijection counter -> block.
+struct philox4x32 {
+  using counter_type = philox4x32_counter;
+  using key_type = philox4x32_key;
+
+  static constexpr std::uint32_t multiplier_0 = 0xD2511F53u;
+  static constexpr std::uint32_t multiplier_1 = 0xCD9E8D57u;
+  static constexpr std::uint32_t weyl_0 = 0x9E3779B9u;  // golden ratio
+  static constexpr std::uint32_t weyl_1 = 0xBB67AE85u;  // sqrt(3) - 1
+  static constexpr int default_rounds = 10;
+
+  // One S-P round: two 32x32 -> 64 multiplies, the high halves mixed with the other two words
+  // and the key, and a fixed word permutation.
+  STRATA_HOST_DEVICE static STRATA_FORCEINLINE constexpr counter_type single_round(
+      const counter_type& c, const key_type& k) noexcept {
+    const std::uint64_t product_0 = std::uint64_t{multiplier_0} * c.words[0];
+    const std::uint64_t product_1 = std::uint64_t{multiplier_1} * c.words[2];
+    const auto high_0 = static_cast<std::uint32_t>(product_0 >> 32);
+    const auto low_0 = static_cast<std::uint32_t>(product_0);
+    const auto high_1 = static_cast<std::uint32_t>(product_1 >> 32);
+    const auto low_1 = static_cast<std::uint32_t>(product_1);
+    return counter_type{
+        {high_1 ^ c.words[1] ^ k.words[0], low_1, high_0 ^ c.words[3] ^ k.words[1], low_0}};
+  }
+
+  // The key schedule: the key of the next round, a Weyl sequence step.
+  STRATA_HOST_DEVICE static STRATA_FORCEINLINE constexpr key_type bump_key(
+      const key_type& k) noexcept {
+    return key_type{{k.words[0] + weyl_0, k.words[1] + weyl_1}};
+  }
+
+  // The Rounds-round bijection. Rounds = 10 is the standard, crush-resistant strength.
+  template <int Rounds = default_rounds>
+  STRATA_HOST_DEVICE static constexpr counter_type apply(counter_type c, key_type k) noexcept {
+    static_assert(Rounds >= 1, "philox4x32: Rounds must be at least 1");
+    c = single_round(c, k);
+    for (int round = 1; round < Rounds; ++round) {
+      k = bump_key(k);
+      c = single_round(c, k);
+    }
+    return c;
+  }
+};
+
+// Philox4x32-10: the pure function (counter, key) -> four random words.
+STRATA_HOST_DEVICE constexpr philox4x32_counter philox4x32_round10(
+    const philox4x32_counter& counter, const philox4x32_key& key) noexcept {
+  return philox4x32::apply<10>(counter, key);
+}
+
+// The complete, exact position of an rng_stream: what a checkpoint stores. Restoring it with
+// rng_stream(const rng_state&) continues the stream word for word.
+struct rng_state {
+  std::uint64_t seed = 0;                   // the Philox key: low word first
+  std::uint32_t counter[4] = {0, 0, 0, 0};  // block of the next word (layout: rng_stream)
+  std::uint32_t index = 0;                  // words of that block already drawn, 0..3
+
+  friend constexpr bool operator==(const rng_state&, const rng_state&) = default;
+};
+
+namespace detail {
+
+// The 128-bit product of two 64-bit words, by 32-bit halves (portable, constexpr, device-safe).
+struct wide_product {
+  std::uint64_t high;
+  std::uint64_t low;
+};
+
+STRATA_HOST_DEVICE constexpr wide_product multiply_wide(std::uint64_t a, std::uint64_t b) noexcept {
+  constexpr std::uint64_t mask = 0xFFFFFFFFu;
+  const std::uint64_t a_low = a & mask;
+  const std::uint64_t a_high = a >> 32;
+  const std::uint64_t b_low = b & mask;
+  const std::uint64_t b_high = b >> 32;
+  const std::uint64_t low_low = a_low * b_low;
+  const std::uint64_t low_high = a_low * b_high;
+  const std::uint64_t high_low = a_high * b_low;
+  const std::uint64_t high_high = a_high * b_high;
+  const std::uint64_t middle = (low_low >> 32) + (low_high & mask) + (high_low & mask);
+  return wide_product{high_high + (low_high >> 32) + (high_low >> 32) + (middle >> 32),
+                      (middle << 32) | (low_low & mask)};
+}
+
+}  // namespace detail
+
+// A stream of random 32-bit words: Philox4x32-10 keyed by a 64-bit seed, run over a 128-bit
+// counter. The counter words are
+//
+//   words[3] = epoch                                   32 bits
+//   words[2] = substream << 16 | sample_index >> 32    16 + 16 bits
+//   words[1] = sample_index & 0xFFFFFFFF               32 bits
+//   words[0] = block number within the stream          32 bits
+//
+// so distinct (seed, epoch, sample_index < 2^48, substream < 2^16) never share a block. Each
+// block gives four words, drawn in order words[0], words[1], ...; a stream holds 2^32 blocks
+// (2^34 words) and, past that, wraps to its own block 0, never into another stream. This layout
+// is part of the data a run sees: changing it changes every augmentation.
+//
+// Every draw below consumes a fixed number of words whatever the values drawn, except
+// uniform_int(), which rejects with probability below n / 2^32 (n / 2^64 above 2^32).
+// Satisfies std::uniform_random_bit_generator.
+class rng_stream {
+ public:
+  using result_type = std::uint32_t;
+
+  static constexpr int sample_index_bits = 48;
+  static constexpr int substream_bits = 16;
+  static constexpr std::uint64_t max_sample_index = (std::uint64_t{1} << sample_index_bits) - 1;
+  static constexpr std::uint32_t max_substream = (std::uint32_t{1} << substream_bits) - 1;
+  static constexpr std::uint32_t words_per_block = 4;
+
+  // The stream of seed 0, epoch 0, sample 0, substream 0.
+  STRATA_HOST_DEVICE constexpr rng_stream() noexcept : rng_stream(rng_state{}) {}
+
+  // The stream of (seed, epoch 0, sample 0, substream 0), for uses outside the data pipeline.
+  STRATA_HOST_DEVICE explicit constexpr rng_stream(std::uint64_t seed) noexcept
+      : rng_stream(rng_state{.seed = seed}) {}
+
+  // Resumes exactly where position() was taken. position() writes index 0..3; 4 (block used up)
+  // is accepted, and a larger index is read as 4.
+  STRATA_HOST_DEVICE explicit constexpr rng_stream(const rng_state& saved) noexcept
+      : seed_(saved.seed),
+        counter_{{saved.counter[0], saved.counter[1], saved.counter[2], saved.counter[3]}},
+        index_(saved.index < words_per_block ? saved.index : words_per_block) {
+    refill();
+  }
+
+  // The stream of one sample in one epoch, in O(1). substream separates independent uses for the
+  // same sample (crop, flip, noise, ...). Preconditions: sample_index <= max_sample_index and
+  // substream <= max_substream (asserted; beyond them streams would alias).
+  STRATA_HOST_DEVICE static constexpr rng_stream for_sample(std::uint64_t seed, std::uint32_t epoch,
+                                                            std::uint64_t sample_index,
+                                                            std::uint32_t substream = 0) noexcept {
+    assert(sample_index <= max_sample_index && "rng_stream: sample_index must be below 2^48");
+    assert(substream <= max_substream && "rng_stream: substream must be below 2^16");
+    rng_state start{};
+    start.seed = seed;
+    start.counter[0] = 0;
+    start.counter[1] = static_cast<std::uint32_t>(sample_index);
+    start.counter[2] = static_cast<std::uint32_t>(sample_index >> 32) | (substream << 16);
+    start.counter[3] = epoch;
+    return rng_stream(start);
+  }
+
+  STRATA_HOST_DEVICE static constexpr result_type min() noexcept { return 0; }
+  STRATA_HOST_DEVICE static constexpr result_type max() noexcept { return 0xFFFFFFFFu; }
+
+  // The next 32-bit word.
+  STRATA_HOST_DEVICE constexpr result_type operator()() noexcept {
+    if (index_ == words_per_block) {
+      ++counter_.words[0];
+      refill();
+      index_ = 0;
+    }
+    return block_.words[index_++];
+  }
+
+  // Two words; the first drawn is the low half.
+  STRATA_HOST_DEVICE constexpr std::uint64_t next_u64() noexcept {
+    const std::uint64_t low = (*this)();
+    const std::uint64_t high = (*this)();
+    return (high << 32) | low;
+  }
+
+  // [0, 1) on the grid k * 2^-24: one word.
+  STRATA_HOST_DEVICE constexpr float uniform_float() noexcept {
+    return static_cast<float>((*this)() >> 8) * 0x1.0p-24f;
+  }
+
+  // [0, 1) on the grid k * 2^-53: two words.
+  STRATA_HOST_DEVICE constexpr double uniform_double() noexcept {
+    return static_cast<double>(next_u64() >> 11) * 0x1.0p-53;
+  }
+
+  // [a, b) for a < b (a rounding up to b is returned as a); a when a == b. float draws one word,
+  // wider types two.
+  template <std::floating_point T>
+  STRATA_HOST_DEVICE constexpr T uniform(T a, T b) noexcept {
+    T unit{};
+    if constexpr (sizeof(T) <= sizeof(float)) {
+      unit = uniform_float();
+    } else {
+      unit = static_cast<T>(uniform_double());
+    }
+    const T value = a + (b - a) * unit;
+    return (a < b && !(value < b)) ? a : value;
+  }
+
+  // Uniform in [0, n), exactly unbiased (Lemire's multiply-and-reject). n <= 2^32 - 1 draws one
+  // word per try, larger n two. Precondition n > 0; n == 0 returns 0 and draws nothing.
+  STRATA_HOST_DEVICE constexpr std::uint64_t uniform_int(std::uint64_t n) noexcept {
+    if (n == 0) {
+      return 0;
+    }
+    if (n <= 0xFFFFFFFFu) {
+      return below_u32(static_cast<std::uint32_t>(n));
+    }
+    return below_u64(n);
+  }
+
+  // true with probability p (p <= 0: never; p >= 1: always): two words.
+  STRATA_HOST_DEVICE constexpr bool bernoulli(double p) noexcept { return uniform_double() < p; }
+
+  // Standard normal by Box-Muller: four words (two doubles); the pair's second value is not kept,
+  // so the stream's position depends only on the number of calls. Bit-identical for a given
+  // build; across math libraries (host libm, CUDA) it may differ in the last bits.
+  STRATA_HOST_DEVICE double normal() noexcept {
+    const double radius_unit = 1.0 - uniform_double();  // (0, 1]: log is finite
+    const double angle_unit = uniform_double();
+    return std::sqrt(-2.0 * std::log(radius_unit)) * std::cos(two_pi * angle_unit);
+  }
+
+  STRATA_HOST_DEVICE double normal(double mean, double stddev) noexcept {
+    return mean + stddev * normal();
+  }
+
+  // Standard normal in float arithmetic: two words.
+  STRATA_HOST_DEVICE float normal_float() noexcept {
+    const float radius_unit = 1.0f - uniform_float();
+    const float angle_unit = uniform_float();
+    return std::sqrt(-2.0f * std::log(radius_unit)) *
+           std::cos(static_cast<float>(two_pi) * angle_unit);
+  }
+
+  // Advances by n blocks (4n words) in O(1): the same position as drawing 4n words. The block
+  // number wraps modulo 2^32, staying within this stream.
+  STRATA_HOST_DEVICE constexpr void skip(std::uint64_t n_blocks) noexcept {
+    counter_.words[0] += static_cast<std::uint32_t>(n_blocks);
+    refill();
+  }
+
+  // The exact position, to save in a checkpoint and resume with rng_stream(const rng_state&).
+  // Canonical: two streams at the same word of the same stream report equal states (a used-up
+  // block is reported as the next block with index 0).
+  STRATA_HOST_DEVICE constexpr rng_state position() const noexcept {
+    rng_state state{};
+    state.seed = seed_;
+    for (int word = 0; word < 4; ++word) {
+      state.counter[word] = counter_.words[word];
+    }
+    state.index = index_;
+    if (state.index == words_per_block) {
+      ++state.counter[0];
+      state.index = 0;
+    }
+    return state;
+  }
+
+ private:
+  static constexpr double two_pi = 6.283185307179586476925286766559;
+
+  STRATA_HOST_DEVICE constexpr void refill() noexcept {
+    const philox4x32_key key{
+        {static_cast<std::uint32_t>(seed_), static_cast<std::uint32_t>(seed_ >> 32)}};
+    block_ = philox4x32_round10(counter_, key);
+  }
+
+  STRATA_HOST_DEVICE constexpr std::uint32_t below_u32(std::uint32_t n) noexcept {
+    std::uint64_t product = std::uint64_t{(*this)()} * n;
+    auto low = static_cast<std::uint32_t>(product);
+    if (low < n) {
+      const std::uint32_t threshold = (std::uint32_t{0} - n) % n;  // 2^32 mod n
+      while (low < threshold) {
+        product = std::uint64_t{(*this)()} * n;
+        low = static_cast<std::uint32_t>(product);
+      }
+    }
+    return static_cast<std::uint32_t>(product >> 32);
+  }
+
+  STRATA_HOST_DEVICE constexpr std::uint64_t below_u64(std::uint64_t n) noexcept {
+    detail::wide_product product = detail::multiply_wide(next_u64(), n);
+    if (product.low < n) {
+      const std::uint64_t threshold = (std::uint64_t{0} - n) % n;  // 2^64 mod n
+      while (product.low < threshold) {
+        product = detail::multiply_wide(next_u64(), n);
+      }
+    }
+    return product.high;
+  }
+
+  std::uint64_t seed_ = 0;
+  philox4x32_counter counter_{};
+  philox4x32_counter block_{};
+  std::uint32_t index_ = 0;
+};
+
+// Fisher-Yates with rng_stream::uniform_int: the same permutation on every platform and standard
+// library (std::shuffle's is unspecified). Draws n - 1 uniform_int values for n elements.
+template <std::random_access_iterator Iterator>
+requires std::permutable<Iterator>
+constexpr void shuffle(Iterator first, Iterator last, rng_stream& rng) {
+  using difference_type = std::iter_difference_t<Iterator>;
+  const difference_type count = last - first;
+  for (difference_type i = count - 1; i > 0; --i) {
+    const auto j = static_cast<difference_type>(rng.uniform_int(static_cast<std::uint64_t>(i) + 1));
+    std::ranges::iter_swap(first + i, first + j);
+  }
+}
+
+}  // namespace strata

@@ -1,0 +1,48 @@
+# SPDX-License-Identifier: Apache-2.0
+# Shared set-up of scripts/test and scripts/demo: the Debian packages strata builds, tests and
+# runs with (docs/dependencies.md says why each one is there). Sourced, not run.
+
+STRATA_PACKAGES=(
+  cmake g++ make pkgconf
+  libtomlplusplus-dev libcli11-dev doctest-dev nlohmann-json3-dev libxxhash-dev zlib1g-dev
+  libeigen3-dev libopenblas-dev libopenmpi-dev openmpi-bin
+  dataset-fashion-mnist clang-format
+)
+
+# Installs whatever of STRATA_PACKAGES is missing: `apt-get update` once, then only those.
+strata_install_packages() {
+  local missing=()
+  local pkg
+  for pkg in "${STRATA_PACKAGES[@]}"; do
+    if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed"; then
+      missing+=("$pkg")
+    fi
+  done
+  if [ ${#missing[@]} -eq 0 ]; then
+    return 0
+  fi
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "strata needs these Debian packages, which are not installed: ${missing[*]}" >&2
+    echo "Run this script as root, or install them first:" >&2
+    echo "  sudo apt-get update && sudo apt-get install -y ${missing[*]}" >&2
+    exit 1
+  fi
+  echo "== installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}"
+}
+
+# nvcc lives outside Debian (the CUDA toolkit of the machine image); put it on PATH if present.
+strata_find_cuda() {
+  if ! command -v nvcc >/dev/null 2>&1 && [ -x /usr/local/cuda/bin/nvcc ]; then
+    export PATH="/usr/local/cuda/bin:$PATH"
+  fi
+}
+
+# Open MPI refuses to run as root unless told; CI runs as root on 2 cores.
+strata_mpi_env() {
+  if [ "$(id -u)" -eq 0 ]; then
+    export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+  fi
+}
