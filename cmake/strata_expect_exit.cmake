@@ -1,0 +1,11 @@
+# SPDX-License-Identifier: Apache-2.0
+# Runs PROGRAM with ARGS and checks that it exits with status EXPECT and prints an error line.
+execute_process(COMMAND "${PROGRAM}" ${ARGS} RESULT_VARIABLE _rc OUTPUT_VARIABLE _out
+  ERROR_VARIABLE _err)
+if(NOT _rc STREQUAL "${EXPECT}")
+  message(FATAL_ERROR "${PROGRAM} ${ARGS}: exit status ${_rc}, expected ${EXPECT}\n${_out}${_err}")
+endif()
+if(NOT _err MATCHES "config error")
+  message(FATAL_ERROR "${PROGRAM} ${ARGS}: no 'config error' message on stderr:\n${_err}")
+endif()
+message(STATUS "exit ${_rc} as expected: ${_err}")
