@@ -41,8 +41,8 @@ struct big_batch {
 using ab = strata::policy_set<defaults, big_batch, bf16_mixed>;
 using ba = strata::policy_set<defaults, bf16_mixed, big_batch>;
 static_assert(std::is_same_v<ab::get<strata::batch_policy_tag>, ba::get<strata::batch_policy_tag>>);
-static_assert(std::is_same_v<ab::get<strata::precision_policy_tag>,
-                             ba::get<strata::precision_policy_tag>>);
+static_assert(
+    std::is_same_v<ab::get<strata::precision_policy_tag>, ba::get<strata::precision_policy_tag>>);
 static_assert(ab::valid && ba::valid);
 
 // No policies at all: every default.
@@ -62,4 +62,6 @@ static_assert(strata::policy_of<fixed_batch, strata::batch_policy_tag>);
 static_assert(!strata::policy_of<fixed_batch, strata::comm_backend_tag>);
 static_assert(strata::comm_backend_tag::family_name == "CommBackend");
 
-int main() { return 0; }
+int main() {
+  return 0;
+}

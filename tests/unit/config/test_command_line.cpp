@@ -108,15 +108,15 @@ TEST_CASE("run_main turns a config error into exit status 2 and runs the body ot
   const char* bad[] = {"prog", "--epochs", "0"};
   bool ran = false;
   CHECK(sc::run_main(3, bad, bad_parser, [&](const sc::train_config&) {
-    ran = true;
-    return 0;
-  }) == sc::config_error_exit_code);
+          ran = true;
+          return 0;
+        }) == sc::config_error_exit_code);
   CHECK_FALSE(ran);
   sc::cli good_parser("t");
   const char* good[] = {"prog", "--epochs", "3"};
   CHECK(sc::run_main(3, good, good_parser, [&](const sc::train_config& cfg) {
-    ran = true;
-    return static_cast<int>(cfg.epochs);
-  }) == 3);
+          ran = true;
+          return static_cast<int>(cfg.epochs);
+        }) == 3);
   CHECK(ran);
 }

@@ -147,8 +147,7 @@ TEST_CASE("set_key parses every kind of value from text") {
   CHECK(contains(error_of([&] { sc::set_key(cfg, "epochs", "99999999999999999999"); }).what(),
                  "64-bit"));
   CHECK(contains(error_of([&] { sc::set_key(cfg, "lr", "fast"); }).what(), "not a number"));
-  CHECK(contains(error_of([&] { sc::set_key(cfg, "nesterov", "maybe"); }).what(),
-                 "not a boolean"));
-  CHECK(contains(error_of([&] { sc::set_key(cfg, "epoch", "3"); }).what(),
-                 "did you mean 'epochs'?"));
+  CHECK(contains(error_of([&] { sc::set_key(cfg, "nesterov", "maybe"); }).what(), "not a boolean"));
+  CHECK(
+      contains(error_of([&] { sc::set_key(cfg, "epoch", "3"); }).what(), "did you mean 'epochs'?"));
 }

@@ -13,9 +13,9 @@ namespace sc = strata::config;
 
 TEST_CASE("the seed article's keys exist under their exact names") {
   const std::set<std::string_view> keys(sc::key_names.begin(), sc::key_names.end());
-  for (const auto* name : {"batch_size_per_gpu", "gradient_accumulation_steps", "world_size",
-                           "communication_backend", "mixed_precision_dtype",
-                           "checkpoint_interval", "lr_schedule"}) {
+  for (const auto* name :
+       {"batch_size_per_gpu", "gradient_accumulation_steps", "world_size", "communication_backend",
+        "mixed_precision_dtype", "checkpoint_interval", "lr_schedule"}) {
     CHECK_MESSAGE(keys.count(name) == 1, name);
   }
   CHECK(keys.size() == sc::key_names.size());  // no key declared twice

@@ -25,7 +25,9 @@ bool names(const std::string& text, const char* a, const char* b) {
 
 }  // namespace
 
-TEST_CASE("the defaults are valid") { CHECK_NOTHROW(sc::validate(sc::train_config{})); }
+TEST_CASE("the defaults are valid") {
+  CHECK_NOTHROW(sc::validate(sc::train_config{}));
+}
 
 TEST_CASE("inconsistent pairs name both keys") {
   CHECK(names(message_of("world_size = 2\npipeline_parallel_size = 4"), "pipeline_parallel_size",
@@ -39,8 +41,8 @@ TEST_CASE("inconsistent pairs name both keys") {
   CHECK(names(message_of("world_size = 4\npipeline_parallel_size = 4\n"
                          "pipeline_schedule = \"interleaved_1f1b\"\nmicro_batches = 6"),
               "micro_batches", "pipeline_parallel_size"));
-  CHECK(names(message_of("adaptive_batch_min = 64\nadaptive_batch_max = 32"),
-              "adaptive_batch_min", "adaptive_batch_max"));
+  CHECK(names(message_of("adaptive_batch_min = 64\nadaptive_batch_max = 32"), "adaptive_batch_min",
+              "adaptive_batch_max"));
   CHECK(names(message_of("adaptive_batch = true\nbatch_size_per_gpu = 4"), "batch_size_per_gpu",
               "adaptive_batch_min"));
   CHECK(names(message_of("epochs = 3\nwarmup_epochs = 3.0"), "warmup_epochs", "epochs"));
@@ -50,11 +52,13 @@ TEST_CASE("inconsistent pairs name both keys") {
 }
 
 TEST_CASE("consistent layouts pass and derive the data-parallel size") {
-  const auto cfg = sc::parse_toml("world_size = 8\ntensor_parallel_size = 2\n"
-                                  "pipeline_parallel_size = 2");
+  const auto cfg = sc::parse_toml(
+      "world_size = 8\ntensor_parallel_size = 2\n"
+      "pipeline_parallel_size = 2");
   CHECK(sc::effective_data_parallel_size(cfg) == 2);
-  const auto explicit_dp = sc::parse_toml("world_size = 8\ndata_parallel_size = 4\n"
-                                          "pipeline_parallel_size = 2");
+  const auto explicit_dp = sc::parse_toml(
+      "world_size = 8\ndata_parallel_size = 4\n"
+      "pipeline_parallel_size = 2");
   CHECK(sc::effective_data_parallel_size(explicit_dp) == 4);
 }
 
