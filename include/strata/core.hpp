@@ -4,6 +4,7 @@
 // The core vocabulary: errors, dtypes, RNG, execution spaces and memory accounting, policy lists.
 // (CUDA pieces are in core/*.cuh and need nvcc.)
 
+#include "strata/core/deadline.hpp"
 #include "strata/core/dtype.hpp"
 #include "strata/core/error.hpp"
 #include "strata/core/execution_space.hpp"

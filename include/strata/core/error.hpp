@@ -117,11 +117,12 @@ class data_error : public error {
 };
 
 enum class comm_error_kind {
-  timeout,      // a wait passed its deadline
-  peer_failed,  // a peer died or threw
-  mismatch,     // ranks called different collectives (fingerprint check)
-  aborted,      // the communicator was aborted by another rank's error
-  backend,      // the backend library (MPI, NCCL) returned an error
+  timeout,           // a wait passed its deadline
+  peer_failed,       // a peer died or threw
+  mismatch,          // ranks called different collectives (fingerprint check)
+  aborted,           // the communicator was aborted by another rank's error
+  backend,           // the backend library (MPI, NCCL) returned an error
+  invalid_argument,  // a call that is wrong on this rank alone (bad root, peer, sizes)
 };
 
 constexpr std::string_view to_string(comm_error_kind kind) noexcept {
@@ -136,6 +137,8 @@ constexpr std::string_view to_string(comm_error_kind kind) noexcept {
       return "aborted";
     case comm_error_kind::backend:
       return "backend";
+    case comm_error_kind::invalid_argument:
+      return "invalid_argument";
   }
   return "unknown";
 }

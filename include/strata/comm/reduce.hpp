@@ -1,0 +1,129 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+// Element-wise reductions over every dtype of core/, shared by the backends that reduce on the
+// host (threads, the point-to-point algorithms, MPI's operators for the 16-bit floats).
+// 16-bit floats are accumulated in float and rounded once per result; avg is a sum divided by
+// the number of contributions at the end (integers: truncating division).
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+#include "strata/comm/types.hpp"
+#include "strata/core/dtype.hpp"
+#include "strata/core/error.hpp"
+
+namespace strata::comm {
+
+// The type a reduction accumulates T in.
+template <class T>
+using accumulator_t =
+    std::conditional_t<std::is_same_v<T, float16> || std::is_same_v<T, bfloat16>, float, T>;
+
+// Calls f(T{}) with the C++ type of `type`.
+template <class F>
+decltype(auto) visit_dtype(dtype type, F&& f) {
+  switch (type) {
+    case dtype::float32:
+      return f(float{});
+    case dtype::float64:
+      return f(double{});
+    case dtype::float16:
+      return f(float16{});
+    case dtype::bfloat16:
+      return f(bfloat16{});
+    case dtype::int32:
+      return f(std::int32_t{});
+    case dtype::int64:
+      return f(std::int64_t{});
+    case dtype::uint8:
+      return f(std::uint8_t{});
+  }
+  throw error("strata::comm: unknown dtype value " + std::to_string(static_cast<int>(type)));
+}
+
+template <class A>
+constexpr A combine(A a, A b, reduce_op op) noexcept {
+  switch (op) {
+    case reduce_op::sum:
+    case reduce_op::avg:
+      return static_cast<A>(a + b);
+    case reduce_op::prod:
+      return static_cast<A>(a * b);
+    case reduce_op::min:
+      return b < a ? b : a;
+    case reduce_op::max:
+      return a < b ? b : a;
+  }
+  return a;
+}
+
+// out[i] = inputs[0][i] op inputs[1][i] op ... op inputs[k-1][i], in input order (so the result
+// is the same on every rank that reduces the same inputs), divided by `k` for avg.
+// `out` may alias any input.
+template <class T>
+void reduce_many(T* out, const T* const* inputs, std::size_t k, std::size_t count, reduce_op op) {
+  using A = accumulator_t<T>;
+  if (k == 0) {
+    return;
+  }
+  constexpr std::size_t chunk = 256;
+  A acc[chunk];
+  for (std::size_t base = 0; base < count; base += chunk) {
+    const std::size_t n = std::min(chunk, count - base);
+    for (std::size_t i = 0; i < n; ++i) {
+      acc[i] = static_cast<A>(inputs[0][base + i]);
+    }
+    for (std::size_t j = 1; j < k; ++j) {
+      const T* in = inputs[j] + base;
+      for (std::size_t i = 0; i < n; ++i) {
+        acc[i] = combine<A>(acc[i], static_cast<A>(in[i]), op);
+      }
+    }
+    if (op == reduce_op::avg) {
+      for (std::size_t i = 0; i < n; ++i) {
+        acc[i] = static_cast<A>(acc[i] / static_cast<A>(k));
+      }
+    }
+    for (std::size_t i = 0; i < n; ++i) {
+      out[base + i] = static_cast<T>(acc[i]);
+    }
+  }
+}
+
+// acc[i] = acc[i] op in[i] (no division for avg: call finish_avg once at the end).
+template <class T>
+void reduce_into(T* acc, const T* in, std::size_t count, reduce_op op) {
+  using A = accumulator_t<T>;
+  for (std::size_t i = 0; i < count; ++i) {
+    acc[i] = static_cast<T>(combine<A>(static_cast<A>(acc[i]), static_cast<A>(in[i]), op));
+  }
+}
+
+// data[i] /= contributions, for avg after a sequence of reduce_into.
+template <class T>
+void finish_avg(T* data, std::size_t count, std::size_t contributions) {
+  using A = accumulator_t<T>;
+  for (std::size_t i = 0; i < count; ++i) {
+    data[i] = static_cast<T>(static_cast<A>(data[i]) / static_cast<A>(contributions));
+  }
+}
+
+// Untyped forms for backends that carry a runtime dtype.
+inline void reduce_into(void* acc, const void* in, std::size_t count, dtype type, reduce_op op) {
+  visit_dtype(type, [&](auto tag) {
+    using T = decltype(tag);
+    reduce_into(static_cast<T*>(acc), static_cast<const T*>(in), count, op);
+  });
+}
+
+inline void finish_avg(void* data, std::size_t count, dtype type, std::size_t contributions) {
+  visit_dtype(type, [&](auto tag) {
+    using T = decltype(tag);
+    finish_avg(static_cast<T*>(data), count, contributions);
+  });
+}
+
+}  // namespace strata::comm
