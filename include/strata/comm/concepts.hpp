@@ -61,14 +61,23 @@ concept comm_backend_tagged = policy_of<C, comm_backend_tag> && std::movable<C>;
 
 // 2.
 template <class C>
-concept comm_backend_identity = requires(const C& c) {
+concept comm_backend_has_rank = requires(const C& c) {
   { c.rank() }
   noexcept->std::same_as<int>;
+};
+template <class C>
+concept comm_backend_has_size = requires(const C& c) {
   { c.size() }
   noexcept->std::same_as<int>;
+};
+template <class C>
+concept comm_backend_has_config = requires(const C& c) {
   { c.config() }
   noexcept->std::same_as<const comm_config&>;
 };
+template <class C>
+concept comm_backend_identity =
+    comm_backend_has_rank<C> && comm_backend_has_size<C> && comm_backend_has_config<C>;
 
 // 3.
 template <class C>
@@ -131,9 +140,10 @@ consteval bool check_comm_backend() {
   static_assert(comm_backend_tagged<C>,
                 "CommBackend: missing 'using policy_category = strata::comm_backend_tag' or not "
                 "movable");
-  static_assert(comm_backend_identity<C>,
-                "CommBackend: missing 'int rank() const noexcept', 'int size() const noexcept' or "
-                "'const comm_config& config() const noexcept'");
+  static_assert(comm_backend_has_rank<C>, "CommBackend: missing 'int rank() const noexcept'");
+  static_assert(comm_backend_has_size<C>, "CommBackend: missing 'int size() const noexcept'");
+  static_assert(comm_backend_has_config<C>,
+                "CommBackend: missing 'const comm_config& config() const noexcept'");
   static_assert(comm_backend_requests<C>,
                 "CommBackend: missing 'request_type' with 'bool test()' and 'void wait()'");
   static_assert(comm_backend_collectives<C>,
