@@ -8,6 +8,7 @@
 // driver (tests/unit/comm/test_threads.cpp, tests/mpi/...).
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstddef>
@@ -71,21 +72,29 @@ T value(int rank, std::size_t i, int salt, comm::reduce_op op) {
   }
 }
 
-// The reference result of reducing value(r, i, salt) over ranks 0..n-1 in rank order.
+// The reference result of reducing value(r, i, salt) over ranks 0..n-1 in rank order. The inputs
+// repeat with period 14 in i (7 for most ops, 2 for prod), so one table serves every index.
 template <class T>
-T expected(int n, std::size_t i, int salt, comm::reduce_op op) {
-  std::vector<T> inputs(static_cast<std::size_t>(n));
-  std::vector<const T*> pointers;
-  for (int r = 0; r < n; ++r) {
-    inputs[static_cast<std::size_t>(r)] = value<T>(r, i, salt, op);
+class reference {
+ public:
+  reference(int n, int salt, comm::reduce_op op) {
+    std::vector<T> inputs(static_cast<std::size_t>(n));
+    std::vector<const T*> pointers;
+    for (const auto& v : inputs) {
+      pointers.push_back(&v);
+    }
+    for (std::size_t j = 0; j < table_.size(); ++j) {
+      for (int r = 0; r < n; ++r) {
+        inputs[static_cast<std::size_t>(r)] = value<T>(r, j, salt, op);
+      }
+      comm::reduce_many(&table_[j], pointers.data(), pointers.size(), 1, op);
+    }
   }
-  for (const auto& v : inputs) {
-    pointers.push_back(&v);
-  }
-  T out{};
-  comm::reduce_many(&out, pointers.data(), pointers.size(), 1, op);
-  return out;
-}
+  T operator()(std::size_t i) const noexcept { return table_[i % table_.size()]; }
+
+ private:
+  std::array<T, 14> table_{};
+};
 
 template <class T>
 bool close(T got, T want) {
@@ -143,12 +152,8 @@ void all_reduce_suite(C& c, report& rep, const suite_options& opt) {
         } else {
           comm::all_reduce(c, std::span<const T>(in), out, op);
         }
-        // Precompute the reference per distinct input pattern (period 2 or 7 in i).
-        std::vector<T> table(14);
-        for (std::size_t j = 0; j < table.size(); ++j) {
-          table[j] = expected<T>(n, j, salt, op);
-        }
-        const auto bad = first_wrong<T>(out, [&](std::size_t i) { return table[i % 14]; });
+        const reference<T> want(n, salt, op);
+        const auto bad = first_wrong<T>(out, want);
         rep.expect(
             bad == static_cast<std::size_t>(-1),
             "all_reduce " + name<T>() + " op " + std::string(to_string(op)) + " count " +
@@ -182,8 +187,8 @@ void reduce_scatter_suite(C& c, report& rep, const suite_options& opt) {
           comm::reduce_scatter(c, std::span<const T>(in), out, op);
         }
         const std::size_t base = static_cast<std::size_t>(me) * count;
-        const auto bad =
-            first_wrong<T>(out, [&](std::size_t i) { return expected<T>(n, base + i, 1, op); });
+        const reference<T> want(n, 1, op);
+        const auto bad = first_wrong<T>(out, [&](std::size_t i) { return want(base + i); });
         rep.expect(
             bad == static_cast<std::size_t>(-1),
             "reduce_scatter " + name<T>() + " op " + std::string(to_string(op)) + " count " +
@@ -262,8 +267,7 @@ void broadcast_and_reduce_suite(C& c, report& rep, const suite_options& opt) {
             comm::reduce(c, std::span<const T>(in), out, op, root);
           }
           if (me == root) {
-            const auto wrong =
-                first_wrong<T>(out, [&](std::size_t i) { return expected<T>(n, i, 4, op); });
+            const auto wrong = first_wrong<T>(out, reference<T>(n, 4, op));
             rep.expect(wrong == static_cast<std::size_t>(-1),
                        "reduce " + name<T>() + " op " + std::string(to_string(op)) + " count " +
                            std::to_string(count) + " root " + std::to_string(root) +

@@ -1,0 +1,140 @@
+// SPDX-License-Identifier: Apache-2.0
+// Jobs that go wrong on purpose, one per scenario (the first argument); run_fault.cmake launches
+// each under mpiexec with a time limit and checks the exit status and what the ranks printed.
+//
+//   mismatches (every rank must catch comm_error kind mismatch, and the communicator still works):
+//     count_1001 count_100000 dtype op root skip wrong_count
+//   the job must end, not hang (the detecting rank prints the error, then MPI_Abort; or mpiexec
+//   ends the job because a rank died):
+//     kill hang throw skip_last recv_timeout unchecked_100000
+//     hang_alone (one process: nobody else can notice, so the hung rank ends the job itself)
+//
+// Faults come from STRATA_COMM_FAULT, set by the driver, except where the scenario is a wrong
+// call written here.
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <string>
+#include <vector>
+
+#include "strata/comm/mpi.hpp"
+
+namespace {
+
+using strata::dtype;
+using strata::comm::comm_config;
+using strata::comm::fingerprint_mode;
+using strata::comm::mpi;
+using strata::comm::reduce_op;
+
+void say(const mpi& comm, const std::string& what) {
+  std::printf("rank %d: %s\n", comm.rank(), what.c_str());
+  std::fflush(stdout);
+}
+
+// The wrong call of a mismatch scenario; every rank must throw comm_error (mismatch).
+void mismatch(mpi& comm, const std::string& scenario) {
+  const bool odd = comm.rank() % 2 == 1;
+  std::vector<double> data(100000, 1.0);
+  if (scenario == "count_1001") {
+    comm.all_reduce(data.data(), data.data(), odd ? 1001 : 1000, dtype::float32, reduce_op::sum);
+  } else if (scenario == "count_100000") {
+    comm.all_reduce(data.data(), data.data(), odd ? 100000 : 1000, dtype::float32, reduce_op::sum);
+  } else if (scenario == "dtype") {
+    comm.all_reduce(data.data(), data.data(), 1000, odd ? dtype::float64 : dtype::float32,
+                    reduce_op::sum);
+  } else if (scenario == "op") {
+    comm.all_reduce(data.data(), data.data(), 1000, dtype::float32,
+                    odd ? reduce_op::max : reduce_op::sum);
+  } else if (scenario == "root") {
+    comm.broadcast(data.data(), 1000, dtype::float32, odd ? 1 : 0);
+  } else if (scenario == "skip") {
+    // Odd ranks skip the second all_reduce and go on to the barrier.
+    comm.all_reduce(data.data(), data.data(), 1000, dtype::float32, reduce_op::sum);
+    if (!odd) {
+      comm.all_reduce(data.data(), data.data(), 1000, dtype::float32, reduce_op::sum);
+    }
+    comm.barrier();
+  } else if (scenario == "wrong_count") {
+    // STRATA_COMM_FAULT=rank=1,op=all_reduce,seq=0,action=wrong_count
+    comm.all_reduce(data.data(), data.data(), 1000, dtype::float32, reduce_op::sum);
+  }
+}
+
+int run(const std::string& scenario, mpi& comm) {
+  std::vector<float> data(1000, 1.0f);
+  if (scenario == "kill" || scenario == "hang" || scenario == "throw" || scenario == "hang_alone") {
+    // STRATA_COMM_FAULT=rank=1,op=all_reduce,seq=1,action=<kill|hang|throw> (hang_alone: rank 0)
+    for (int i = 0; i < 3; ++i) {
+      comm.all_reduce(data.data(), data.data(), data.size(), dtype::float32, reduce_op::sum);
+    }
+    say(comm, "not reached: every all_reduce completed");
+    return 1;
+  }
+  if (scenario == "skip_last") {
+    // Odd ranks skip the last all_reduce and leave.
+    comm.all_reduce(data.data(), data.data(), data.size(), dtype::float32, reduce_op::sum);
+    if (comm.rank() % 2 == 0) {
+      comm.all_reduce(data.data(), data.data(), data.size(), dtype::float32, reduce_op::sum);
+      say(comm, "not reached: the last all_reduce completed");
+    }
+    return 1;
+  }
+  if (scenario == "recv_timeout") {
+    // Rank 0 waits for a message that rank 1 never sends.
+    if (comm.rank() == 0) {
+      comm.recv(data.data(), data.size(), dtype::float32, 1, 7);
+      say(comm, "not reached: received");
+    } else {
+      comm.recv(data.data(), data.size(), dtype::float32, 0, 8);
+    }
+    return 1;
+  }
+  if (scenario == "unchecked_100000") {
+    // Without fingerprints, MPI itself sees 100000 vs 1000 elements.
+    std::vector<float> big(100000, 1.0f);
+    comm.all_reduce(big.data(), big.data(), comm.rank() == 1 ? 100000 : 1000, dtype::float32,
+                    reduce_op::sum);
+    say(comm, "completed the all_reduce: " + std::to_string(big[0]));
+    return 1;
+  }
+  try {
+    mismatch(comm, scenario);
+    say(comm, "not reached: no error");
+    return 1;
+  } catch (const strata::comm_error& e) {
+    say(comm, std::string("caught ") + e.what());
+    if (e.kind() != strata::comm_error_kind::mismatch) {
+      return 1;
+    }
+  }
+  // The communicator is still in step on every rank.
+  std::vector<std::int32_t> one{1};
+  comm.all_reduce(one.data(), one.data(), 1, dtype::int32, reduce_op::sum);
+  say(comm, "after the mismatch, all_reduce gives " + std::to_string(one[0]));
+  return one[0] == comm.size() ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: %s SCENARIO (see the source)\n", argv[0]);
+    return 2;
+  }
+  const std::string scenario = argv[1];
+  int status = 1;
+  try {
+    strata::comm::mpi_environment env(argc, argv);
+    auto comm = mpi::world(comm_config{.timeout = scenario == "hang_alone" ? 1.0 : 3.0,
+                                       .fingerprint = scenario == "unchecked_100000"
+                                                          ? fingerprint_mode::off
+                                                          : fingerprint_mode::always});
+    status = run(scenario, comm);
+  } catch (const std::exception& e) {
+    // mpi_environment's destructor aborts the job when an exception leaves it: not reached.
+    std::fprintf(stderr, "not reached: %s\n", e.what());
+    return 1;
+  }
+  return status;
+}
