@@ -62,4 +62,6 @@ static_assert(!strata::comm::comm_backend<no_split>);
 static_assert(!strata::comm::comm_backend<untagged>);
 static_assert(!strata::comm::comm_backend<int>);
 
-int main() { return 0; }
+int main() {
+  return 0;
+}
