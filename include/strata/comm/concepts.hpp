@@ -35,8 +35,10 @@
 //     throws comm_error (timeout / peer_failed / mismatch / aborted) naming op, sequence number
 //     and ranks, on every rank; with fingerprints on, ranks whose calls differ get `mismatch`
 //     before any data moves;
-//   - operations on one communicator complete in the order they were issued; blocking and
-//     non-blocking calls may be mixed.
+//   - collectives on one communicator complete in the order they were issued, blocking and
+//     non-blocking mixed; messages match in issue order per (peer, tag) and are not held behind
+//     pending collectives (so exchanges that MPI allows do not deadlock); a blocking send may
+//     return only once the receiver has the data, as MPI's standard send may.
 
 #include <concepts>
 #include <cstddef>

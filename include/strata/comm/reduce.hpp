@@ -60,15 +60,12 @@ constexpr A combine(A a, A b, reduce_op op) noexcept {
   return a;
 }
 
-// out[i] = inputs[0][i] op inputs[1][i] op ... op inputs[k-1][i], in input order (so the result
-// is the same on every rank that reduces the same inputs), divided by `k` for avg.
-// `out` may alias any input.
-template <class T>
-void reduce_many(T* out, const T* const* inputs, std::size_t k, std::size_t count, reduce_op op) {
+namespace detail {
+
+// The loops below take the operator as a template argument so that they vectorize.
+template <reduce_op Op, class T>
+void reduce_many_with(T* out, const T* const* inputs, std::size_t k, std::size_t count) {
   using A = accumulator_t<T>;
-  if (k == 0) {
-    return;
-  }
   constexpr std::size_t chunk = 256;
   A acc[chunk];
   for (std::size_t base = 0; base < count; base += chunk) {
@@ -79,10 +76,10 @@ void reduce_many(T* out, const T* const* inputs, std::size_t k, std::size_t coun
     for (std::size_t j = 1; j < k; ++j) {
       const T* in = inputs[j] + base;
       for (std::size_t i = 0; i < n; ++i) {
-        acc[i] = combine<A>(acc[i], static_cast<A>(in[i]), op);
+        acc[i] = combine<A>(acc[i], static_cast<A>(in[i]), Op);
       }
     }
-    if (op == reduce_op::avg) {
+    if constexpr (Op == reduce_op::avg) {
       for (std::size_t i = 0; i < n; ++i) {
         acc[i] = static_cast<A>(acc[i] / static_cast<A>(k));
       }
@@ -93,13 +90,50 @@ void reduce_many(T* out, const T* const* inputs, std::size_t k, std::size_t coun
   }
 }
 
+template <reduce_op Op, class T>
+void reduce_into_with(T* acc, const T* in, std::size_t count) {
+  using A = accumulator_t<T>;
+  for (std::size_t i = 0; i < count; ++i) {
+    acc[i] = static_cast<T>(combine<A>(static_cast<A>(acc[i]), static_cast<A>(in[i]), Op));
+  }
+}
+
+// Calls f(std::integral_constant<reduce_op, op>{}).
+template <class F>
+void with_op(reduce_op op, F&& f) {
+  switch (op) {
+    case reduce_op::sum:
+      return f(std::integral_constant<reduce_op, reduce_op::sum>{});
+    case reduce_op::avg:
+      return f(std::integral_constant<reduce_op, reduce_op::avg>{});
+    case reduce_op::min:
+      return f(std::integral_constant<reduce_op, reduce_op::min>{});
+    case reduce_op::max:
+      return f(std::integral_constant<reduce_op, reduce_op::max>{});
+    case reduce_op::prod:
+      return f(std::integral_constant<reduce_op, reduce_op::prod>{});
+  }
+}
+
+}  // namespace detail
+
+// out[i] = inputs[0][i] op inputs[1][i] op ... op inputs[k-1][i], in input order (so the result
+// is the same on every rank that reduces the same inputs), divided by `k` for avg.
+// `out` may alias any input.
+template <class T>
+void reduce_many(T* out, const T* const* inputs, std::size_t k, std::size_t count, reduce_op op) {
+  if (k == 0) {
+    return;
+  }
+  detail::with_op(
+      op, [&](auto o) { detail::reduce_many_with<decltype(o)::value>(out, inputs, k, count); });
+}
+
 // acc[i] = acc[i] op in[i] (no division for avg: call finish_avg once at the end).
 template <class T>
 void reduce_into(T* acc, const T* in, std::size_t count, reduce_op op) {
-  using A = accumulator_t<T>;
-  for (std::size_t i = 0; i < count; ++i) {
-    acc[i] = static_cast<T>(combine<A>(static_cast<A>(acc[i]), static_cast<A>(in[i]), op));
-  }
+  detail::with_op(op,
+                  [&](auto o) { detail::reduce_into_with<decltype(o)::value>(acc, in, count); });
 }
 
 // data[i] /= contributions, for avg after a sequence of reduce_into.

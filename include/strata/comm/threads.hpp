@@ -145,12 +145,6 @@ inline std::pair<std::size_t, std::size_t> slice_of(int r, int n, std::size_t co
   return {std::min(count, first * per_line), std::min(count, last * per_line)};
 }
 
-inline void copy_bytes(void* to, const void* from, std::size_t bytes) noexcept {
-  if (bytes != 0 && to != from) {
-    std::memcpy(to, from, bytes);
-  }
-}
-
 inline const std::byte* byte_ptr(const void* p, std::size_t offset = 0) noexcept {
   return static_cast<const std::byte*>(p) + offset;
 }
@@ -855,7 +849,7 @@ class threads_core {
     mailbox& box = group_->mailboxes[static_cast<std::size_t>(post.dest)];
     p2p_post* other = nullptr;
     {
-      const std::lock_guard lock(box.mutex);
+      const std::lock_guard guard(box.lock);
       other = take_first(sending ? box.recvs : box.sends, post.source, post.dest, post.tag);
       if (other == nullptr) {
         post.state.store(post_state::posted, std::memory_order_seq_cst);
@@ -888,7 +882,7 @@ class threads_core {
   bool withdraw(p2p_post& post) noexcept {
     mailbox& box = group_->mailboxes[static_cast<std::size_t>(post.dest)];
     {
-      const std::lock_guard lock(box.mutex);
+      const std::lock_guard guard(box.lock);
       if (post.state.load(std::memory_order_seq_cst) == post_state::posted) {
         unlink(post.sending ? box.sends : box.recvs, &post);
         post.state.store(post_state::withdrawn, std::memory_order_seq_cst);

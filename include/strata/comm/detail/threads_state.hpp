@@ -293,7 +293,7 @@ enum class post_state : std::uint8_t {
   withdrawn,  // taken back by its owner (timeout, failure, communicator destroyed)
 };
 
-// One side of a message: a send (reads `buffer`) or a receive (writes it).
+// One side of a message: a send (reads `send`) or a receive (writes `recv`).
 struct p2p_post {
   const void* send = nullptr;
   void* recv = nullptr;
@@ -312,7 +312,7 @@ struct p2p_post {
 
 // Unmatched sends addressed to one rank and unmatched receives posted by it, oldest first.
 struct mailbox {
-  spin_lock mutex;
+  spin_lock lock;
   p2p_post* sends = nullptr;
   p2p_post* recvs = nullptr;
 };
