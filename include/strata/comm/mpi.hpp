@@ -20,6 +20,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <csignal>
 #include <cstddef>
 #include <cstdint>
@@ -533,7 +534,8 @@ struct mpi_pending {
   std::vector<std::byte> scratch_recv{};
 
   mpi_phase phase = mpi_phase::queued;
-  bool checked = false;  // a fingerprint check is in flight on `check`
+  bool blocking = false;  // a blocking call: posted as the blocking MPI function (see post)
+  bool checked = false;   // a fingerprint check is in flight on `check`
   fingerprint_words words_out{};
   fingerprint_words words_in{};
   MPI_Request check_request = MPI_REQUEST_NULL;
@@ -607,6 +609,118 @@ inline int mpi_count(std::size_t n) {
   return static_cast<int>(n);
 }
 
+// Keeps blocking MPI calls inside their deadline. A blocking call (MPI_Allreduce, ...) cannot be
+// polled, so while one runs this thread watches its deadline; past it, it prints the call's
+// timeout error (op, sequence, ranks, history) and aborts the job, exactly as a polled wait
+// would. One per process, started at the first blocking call.
+class mpi_watchdog {
+ public:
+  static mpi_watchdog& instance() {
+    static mpi_watchdog watchdog;
+    return watchdog;
+  }
+
+  mpi_watchdog(const mpi_watchdog&) = delete;
+  mpi_watchdog& operator=(const mpi_watchdog&) = delete;
+  ~mpi_watchdog() {
+    {
+      const std::lock_guard lock(mutex_);
+      stop_ = true;
+    }
+    wake_.notify_one();
+    if (thread_.joinable()) {
+      thread_.join();
+    }
+  }
+
+  void arm(const mpi_pending* p) {
+    {
+      const std::lock_guard lock(mutex_);
+      watched_ = p;
+      if (!thread_.joinable()) {
+        thread_ = std::thread([this] { loop(); });
+      }
+    }
+    wake_.notify_one();
+  }
+
+  void disarm() noexcept {
+    const std::lock_guard lock(mutex_);
+    watched_ = nullptr;
+  }
+
+ private:
+  mpi_watchdog() = default;
+  void loop();
+
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  const mpi_pending* watched_ = nullptr;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+// Arms the watchdog for one blocking call.
+class mpi_watch {
+ public:
+  explicit mpi_watch(const mpi_pending& p) { mpi_watchdog::instance().arm(&p); }
+  ~mpi_watch() { mpi_watchdog::instance().disarm(); }
+  mpi_watch(const mpi_watch&) = delete;
+  mpi_watch& operator=(const mpi_watch&) = delete;
+};
+
+inline void mpi_watchdog::loop() {
+  std::unique_lock lock(mutex_);
+  while (!stop_) {
+    if (watched_ == nullptr) {
+      wake_.wait(lock);
+      continue;
+    }
+    const mpi_pending* p = watched_;
+    const deadline until = p->until;
+    if (until.is_never()) {
+      wake_.wait(lock);
+      continue;
+    }
+    wake_.wait_until(lock, until.at());
+    if (!stop_ && watched_ == p && until.expired()) {
+      p->timeout();  // prints and aborts the job; does not return
+    }
+  }
+}
+
+// The blocking form of the data operation of `p`; MPI_ERR_PENDING when there is none.
+inline int post_blocking(mpi_pending& p, const void* send, int n, const char*& call) {
+  mpi_state& s = *p.owner;
+  const mpi_watch watch(p);
+  switch (p.signature.op) {
+    case op_kind::all_reduce:
+      call = "MPI_Allreduce";
+      return MPI_Allreduce(send, p.recv, n, p.type, p.reduction, s.data);
+    case op_kind::reduce_scatter:
+      call = "MPI_Reduce_scatter_block";
+      return MPI_Reduce_scatter_block(send, p.in_place ? const_cast<void*>(p.send) : p.recv, n,
+                                      p.type, p.reduction, s.data);
+    case op_kind::all_gather:
+      call = "MPI_Allgather";
+      return MPI_Allgather(send, n, p.type, p.recv, n, p.type, s.data);
+    case op_kind::broadcast:
+      call = "MPI_Bcast";
+      return MPI_Bcast(p.recv, n, p.type, p.signature.root, s.data);
+    case op_kind::reduce:
+      call = "MPI_Reduce";
+      return MPI_Reduce(send, p.recv, n, p.type, p.reduction, p.signature.root, s.data);
+    case op_kind::all_to_all:
+      call = "MPI_Alltoall";
+      return MPI_Alltoall(send, n, p.type, p.recv, n, p.type, s.data);
+    case op_kind::barrier:
+      call = "MPI_Barrier";
+      return MPI_Barrier(s.data);
+    default:
+      return MPI_ERR_PENDING;
+  }
+}
+
 // Posts the data operation of `p` on its communicator.
 inline void post(mpi_pending& p) {
   mpi_state& s = *p.owner;
@@ -614,6 +728,21 @@ inline void post(mpi_pending& p) {
   const void* send = p.in_place ? MPI_IN_PLACE : p.send;
   int rc = MPI_SUCCESS;
   const char* call = "";
+  if (p.blocking) {
+    // Blocking calls use MPI's blocking collectives, which Open MPI implements faster than the
+    // non-blocking ones; the watchdog keeps the deadline.
+    rc = post_blocking(p, send, n, call);
+    if (rc != MPI_ERR_PENDING) {
+      p.request = MPI_REQUEST_NULL;
+      if (rc != MPI_SUCCESS) {
+        p.fail_mpi(rc, call);
+        return;
+      }
+      p.phase = mpi_phase::posted;
+      return;
+    }
+    rc = MPI_SUCCESS;
+  }
   switch (p.signature.op) {
     case op_kind::all_reduce:
       call = "MPI_Iallreduce";
@@ -1012,26 +1141,30 @@ class mpi {
     return collective({.kind = op_kind::barrier, .send_slices = 0, .recv_slices = 0});
   }
 
+  // Blocking collectives run as MPI's blocking functions once their turn and their fingerprint
+  // check have come (see post): same ordering, checks and deadline as the async forms.
   void all_reduce(const void* send, void* recv, std::size_t count, dtype type, reduce_op op) {
-    all_reduce_async(send, recv, count, type, op).wait();
+    blocking([&] { return all_reduce_async(send, recv, count, type, op); });
   }
   void reduce_scatter(const void* send, void* recv, std::size_t recv_count, dtype type,
                       reduce_op op) {
-    reduce_scatter_async(send, recv, recv_count, type, op).wait();
+    blocking([&] { return reduce_scatter_async(send, recv, recv_count, type, op); });
   }
   void all_gather(const void* send, void* recv, std::size_t send_count, dtype type) {
-    all_gather_async(send, recv, send_count, type).wait();
+    blocking([&] { return all_gather_async(send, recv, send_count, type); });
   }
   void broadcast(void* buffer, std::size_t count, dtype type, int root) {
-    broadcast_async(buffer, count, type, root).wait();
+    blocking([&] { return broadcast_async(buffer, count, type, root); });
   }
   void reduce(const void* send, void* recv, std::size_t count, dtype type, reduce_op op, int root) {
-    reduce_async(send, recv, count, type, op, root).wait();
+    blocking([&] { return reduce_async(send, recv, count, type, op, root); });
   }
   void all_to_all(const void* send, void* recv, std::size_t count_per_rank, dtype type) {
-    all_to_all_async(send, recv, count_per_rank, type).wait();
+    blocking([&] { return all_to_all_async(send, recv, count_per_rank, type); });
   }
-  void barrier() { barrier_async().wait(); }
+  void barrier() {
+    blocking([&] { return barrier_async(); });
+  }
 
   // ---- point to point --------------------------------------------------------------------------
 
@@ -1281,6 +1414,7 @@ class mpi {
       }
     }
     p->slot = s.history.start(p->signature);
+    p->blocking = std::exchange(blocking_next_, false);
     if (always_check || should_fingerprint(s.config, sequence)) {
       p->words_out = fingerprint_check_words(p->signature);
       const int rc = MPI_Iallreduce(&p->words_out, &p->words_in, 2, MPI_UINT64_T, MPI_MAX, s.check,
@@ -1296,6 +1430,21 @@ class mpi {
   }
 
   request collective(const call& c) { return request(issue(c)); }
+
+  // Issues the operation `make` issues as a blocking one, and waits for it.
+  template <class Make>
+  void blocking(Make&& make) {
+    blocking_next_ = true;
+    request r;
+    try {
+      r = make();
+    } catch (...) {
+      blocking_next_ = false;
+      throw;
+    }
+    blocking_next_ = false;
+    r.wait();
+  }
 
   request point_to_point(op_kind kind, void* buffer, std::size_t count, dtype type, int peer,
                          int tag) {
@@ -1343,6 +1492,7 @@ class mpi {
   }
 
   std::shared_ptr<detail::mpi_state> state_{};
+  bool blocking_next_ = false;  // the next issue() is of a blocking call
 };
 
 }  // namespace strata::comm
