@@ -633,15 +633,14 @@ class mpi_watchdog {
     }
   }
 
+  // Arming and disarming take an uncontended lock and wake nobody: the watchdog looks every
+  // `poll` (deadlines are seconds), so a blocking call costs no system call for its deadline.
   void arm(const mpi_pending* p) {
-    {
-      const std::lock_guard lock(mutex_);
-      watched_ = p;
-      if (!thread_.joinable()) {
-        thread_ = std::thread([this] { loop(); });
-      }
+    const std::lock_guard lock(mutex_);
+    watched_ = p;
+    if (!thread_.joinable()) {
+      thread_ = std::thread([this] { loop(); });
     }
-    wake_.notify_one();
   }
 
   void disarm() noexcept {
@@ -650,6 +649,8 @@ class mpi_watchdog {
   }
 
  private:
+  static constexpr std::chrono::milliseconds poll{50};
+
   mpi_watchdog() = default;
   void loop();
 
@@ -672,19 +673,10 @@ class mpi_watch {
 inline void mpi_watchdog::loop() {
   std::unique_lock lock(mutex_);
   while (!stop_) {
-    if (watched_ == nullptr) {
-      wake_.wait(lock);
-      continue;
-    }
-    const mpi_pending* p = watched_;
-    const deadline until = p->until;
-    if (until.is_never()) {
-      wake_.wait(lock);
-      continue;
-    }
-    wake_.wait_until(lock, until.at());
-    if (!stop_ && watched_ == p && until.expired()) {
-      p->timeout();  // prints and aborts the job; does not return
+    wake_.wait_for(lock, poll);
+    // Holding the lock keeps the watched call alive: its disarm waits for us.
+    if (!stop_ && watched_ != nullptr && watched_->until.expired()) {
+      watched_->timeout();  // prints and aborts the job; does not return
     }
   }
 }
