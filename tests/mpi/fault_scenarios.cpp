@@ -126,6 +126,12 @@ int main(int argc, char** argv) {
   int status = 1;
   try {
     strata::comm::mpi_environment env(argc, argv);
+    {
+      // Every process is up before the short deadlines below start counting: on a loaded
+      // machine the processes of one job can start seconds apart.
+      auto start = mpi::world(comm_config{.timeout = 120.0});
+      start.barrier();
+    }
     auto comm = mpi::world(comm_config{.timeout = scenario == "hang_alone" ? 1.0 : 3.0,
                                        .fingerprint = scenario == "unchecked_100000"
                                                           ? fingerprint_mode::off
