@@ -21,6 +21,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "conformance/reference.hpp"
 #include "strata/comm/reduce.hpp"
 #include "strata/comm/threads.hpp"
 #include "strata/comm/types.hpp"
@@ -37,6 +38,8 @@ namespace {
 namespace comm = strata::comm;
 using comm::reduce_op;
 using strata::dtype;
+using strata::conformance::expected;
+using strata::conformance::value;
 
 constexpr reduce_op all_ops[] = {reduce_op::sum, reduce_op::avg, reduce_op::min, reduce_op::max,
                                  reduce_op::prod};
@@ -134,41 +137,6 @@ std::vector<T> to_host(const device_buffer<T>& values, std::size_t count) {
   if (count != 0) {
     values.copy_to_host(std::span<T>(out));
   }
-  return out;
-}
-
-// Small integers, exact in every dtype and every reduction over up to 4 ranks.
-template <class T>
-T value(int rank, std::size_t i, reduce_op op) {
-  const auto r = static_cast<std::size_t>(rank);
-  int k = 0;
-  if (op == reduce_op::prod) {
-    k = 1 + static_cast<int>((r + i) % 2);
-  } else {
-    k = 1 + static_cast<int>((r * 3 + i * 5) % 7);
-    if constexpr (!std::is_same_v<T, std::uint8_t>) {
-      k -= 3;
-    }
-  }
-  if constexpr (std::is_same_v<T, strata::float16> || std::is_same_v<T, strata::bfloat16>) {
-    return T(static_cast<float>(k));
-  } else {
-    return static_cast<T>(k);
-  }
-}
-
-template <class T>
-T expected(int n, std::size_t i, reduce_op op) {
-  std::vector<T> inputs;
-  for (int r = 0; r < n; ++r) {
-    inputs.push_back(value<T>(r, i, op));
-  }
-  std::vector<const T*> pointers;
-  for (const T& v : inputs) {
-    pointers.push_back(&v);
-  }
-  T out{};
-  comm::reduce_many(&out, pointers.data(), pointers.size(), 1, op);
   return out;
 }
 

@@ -15,7 +15,7 @@
 
 #include "strata/comm/collectives.hpp"
 #include "strata/comm/mpi.hpp"
-#include "strata/config/train_config.hpp"
+#include "strata/config/validate.hpp"
 
 namespace {
 
@@ -85,17 +85,18 @@ TEST_CASE("the environment and the world communicator") {
   moved.barrier();
 }
 
-TEST_CASE("world(train_config) checks world_size against mpiexec") {
+TEST_CASE("world_size is checked against the processes mpiexec started") {
   strata::config::train_config cfg;
   int world_size = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &world_size);
-  cfg.world_size = world_size;
-  auto comm = mpi::world(cfg, checked());
+  auto comm = mpi::world(checked());
   CHECK(comm.size() == world_size);
+  cfg.world_size = world_size;
+  CHECK_NOTHROW(strata::config::check_world_size(cfg, comm.size(), "mpiexec"));
 
   cfg.world_size = world_size + 1;
   try {
-    (void)mpi::world(cfg, checked());
+    strata::config::check_world_size(cfg, comm.size(), "mpiexec");
     FAIL("no config_error");
   } catch (const strata::config_error& e) {
     CHECK(e.key() == "world_size");

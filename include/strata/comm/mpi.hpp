@@ -39,13 +39,12 @@
 #include <vector>
 
 #include "strata/comm/concepts.hpp"
+#include "strata/comm/detail/wait.hpp"
 #include "strata/comm/fault.hpp"
 #include "strata/comm/fingerprint.hpp"
 #include "strata/comm/history.hpp"
 #include "strata/comm/reduce.hpp"
 #include "strata/comm/types.hpp"
-#include "strata/config/train_config.hpp"
-#include "strata/config/validate.hpp"
 #include "strata/core/deadline.hpp"
 #include "strata/core/dtype.hpp"
 #include "strata/core/error.hpp"
@@ -112,7 +111,8 @@ constexpr bool mpi_reduces_natively(dtype type) noexcept {
 //
 //     int main(int argc, char** argv) {
 //       strata::comm::mpi_environment env(argc, argv);        // MPI_Init_thread ... MPI_Finalize
-//       auto comm = strata::comm::mpi::world(cfg);            // checks cfg.world_size
+//       auto comm = strata::comm::mpi::world();
+//       strata::config::check_world_size(cfg, comm.size(), "mpiexec");  // a config_error if not
 //       strata::comm::all_reduce(comm, grads, strata::comm::reduce_op::avg);
 //     }
 //
@@ -218,12 +218,6 @@ inline std::string mpi_error_string(int code) {
     return "MPI error code " + std::to_string(code);
   }
   return std::string(text, static_cast<std::size_t>(length));
-}
-
-inline std::string seconds_text(double seconds) {
-  char text[32] = {};
-  std::snprintf(text, sizeof text, "%g", seconds);
-  return text;
 }
 
 inline bool mpi_is_active() noexcept {
@@ -889,36 +883,6 @@ inline bool complete(mpi_pending& p) {
   return true;
 }
 
-// Waits with a backoff. MPI progresses non-blocking operations only inside its calls, and a large
-// one takes many rounds of progress (libnbc's segmented algorithms), so a wait keeps calling
-// MPI_Test: at once for the first 2 ms, yielding the core in between until 20 ms (ranks that
-// share a core still run), then sleeping between tests, from 10 us growing to 200 us. A wait
-// starts over when its operation moves on (its fingerprint check completed: every rank is there).
-class mpi_backoff {
- public:
-  void pause() {
-    const auto waited = std::chrono::steady_clock::now() - start_;
-    if (waited < std::chrono::milliseconds(2)) {
-      return;
-    }
-    if (waited < std::chrono::milliseconds(20)) {
-      std::this_thread::yield();
-      return;
-    }
-    sleep_ = std::min(sleep_ * 2, std::chrono::microseconds(200));
-    std::this_thread::sleep_for(sleep_);
-  }
-
-  void restart() {
-    start_ = std::chrono::steady_clock::now();
-    sleep_ = std::chrono::microseconds(5);
-  }
-
- private:
-  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
-  std::chrono::microseconds sleep_{5};
-};
-
 }  // namespace detail
 
 // A communicator over MPI: one rank's handle on a group of processes. Move-only; the MPI
@@ -967,7 +931,7 @@ class mpi {
     }
 
     void wait() {
-      detail::mpi_backoff backoff;
+      detail::poll_backoff backoff;
       const detail::mpi_pending* p = pending_.get();
       detail::mpi_phase phase = p != nullptr ? p->phase : detail::mpi_phase::done;
       while (!test()) {
@@ -1023,17 +987,6 @@ class mpi {
           "strata::comm::mpi_environment first) or already finalized");
     }
     return mpi(MPI_COMM_WORLD, options, /*duplicate=*/true);
-  }
-
-  // world(config), after checking that mpiexec started cfg.world_size processes: a difference is
-  // a config_error (key world_size) on every rank, before any message is sent.
-  static mpi world(const config::train_config& cfg, const comm_config& options = {}) {
-    if (detail::mpi_is_active()) {
-      int size = 0;
-      MPI_Comm_size(MPI_COMM_WORLD, &size);
-      config::check_world_size(cfg, size, "mpiexec");
-    }
-    return world(options);
   }
 
   mpi(mpi&&) noexcept = default;
@@ -1215,7 +1168,7 @@ class mpi {
     detail::mpi_state& s = *state_;
     const deadline until = deadline::after(config.timeout);
     const auto wait_for = [&](MPI_Request& r, const char* what) {
-      detail::mpi_backoff backoff;
+      detail::poll_backoff backoff;
       for (;;) {
         int done = 0;
         const int rc = MPI_Test(&r, &done, MPI_STATUS_IGNORE);

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "strata/comm/concepts.hpp"
+#include "strata/comm/detail/wait.hpp"
 #include "strata/comm/fault.hpp"
 #include "strata/comm/fingerprint.hpp"
 #include "strata/comm/history.hpp"
@@ -154,14 +155,6 @@ class nccl;
 
 namespace detail {
 
-inline void nccl_backoff(int spin) {
-  if (spin < 64) {
-    std::this_thread::yield();
-  } else {
-    std::this_thread::sleep_for(std::chrono::microseconds(spin < 1024 ? 10 : 100));
-  }
-}
-
 // Makes `device` current for a scope, ignoring errors (for destructors and abort paths).
 class quiet_device_guard {
  public:
@@ -230,7 +223,7 @@ class nccl_state {
       const deadline limit = deadline::after(config_.timeout);
       const ncclResult_t finalize = ncclCommFinalize(comm_);
       bool quiet = finalize == ncclSuccess || finalize == ncclInProgress;
-      for (int spin = 0; quiet; ++spin) {
+      for (detail::poll_backoff backoff; quiet;) {
         ncclResult_t state = ncclSuccess;
         if (ncclCommGetAsyncError(comm_, &state) != ncclSuccess ||
             (state != ncclSuccess && state != ncclInProgress) || limit.expired()) {
@@ -240,7 +233,7 @@ class nccl_state {
         if (state == ncclSuccess) {
           break;
         }
-        nccl_backoff(spin);
+        backoff.pause();
       }
       if (quiet) {
         (void)ncclCommDestroy(comm_);
@@ -358,11 +351,11 @@ class nccl_state {
 
   // Polls until the communicator leaves ncclInProgress (a non-blocking call finished enqueuing).
   void wait_settled(const op_signature& op, const deadline& limit, const char* what) {
-    for (int spin = 0; !settled(op); ++spin) {
+    for (detail::poll_backoff backoff; !settled(op);) {
       if (limit.expired()) {
         fail_timeout(op, what);
       }
-      nccl_backoff(spin);
+      backoff.pause();
     }
   }
 
@@ -387,8 +380,8 @@ class nccl_state {
   // Waits for everything issued so far on the stream.
   void wait_stream(const op_signature& op, const deadline& limit) {
     check_cuda(cudaEventRecord(event_.get(), stream_.get()), op, "cudaEventRecord");
-    for (int spin = 0; !event_done(event_.get(), op, limit); ++spin) {
-      nccl_backoff(spin);
+    for (detail::poll_backoff backoff; !event_done(event_.get(), op, limit);) {
+      backoff.pause();
     }
   }
 
@@ -461,7 +454,7 @@ class nccl_state {
 // Polls a communicator that is being created (non-blocking init or split) until it is ready.
 // Returns "" when it is, or what went wrong (the caller aborts it).
 inline std::string nccl_wait_created(ncclComm_t comm, const deadline& limit, const char* call) {
-  for (int spin = 0;; ++spin) {
+  for (detail::poll_backoff backoff;;) {
     ncclResult_t state = ncclSuccess;
     const ncclResult_t r = ncclCommGetAsyncError(comm, &state);
     if (r != ncclSuccess) {
@@ -478,7 +471,7 @@ inline std::string nccl_wait_created(ncclComm_t comm, const deadline& limit, con
     if (limit.expired()) {
       return std::string(call) + " did not complete within the deadline (comm_config::timeout)";
     }
-    nccl_backoff(spin);
+    backoff.pause();
   }
 }
 
@@ -528,8 +521,8 @@ class nccl {
 
     // Returns once the operation is done; throws as test() does.
     void wait() {
-      for (int spin = 0; !test(); ++spin) {
-        detail::nccl_backoff(spin);
+      for (detail::poll_backoff backoff; !test();) {
+        backoff.pause();
       }
     }
 
@@ -892,8 +885,8 @@ class nccl {
                     std::to_string(s.rank()));
       case fault_action::hang: {
         const deadline limit = deadline::after(s.config().timeout);
-        for (int spin = 0; !limit.expired(); ++spin) {
-          detail::nccl_backoff(spin);
+        for (detail::poll_backoff backoff; !limit.expired();) {
+          backoff.pause();
         }
         s.fail_timeout(op, "an injected hang");
       }

@@ -59,6 +59,7 @@
 #include "strata/comm/concepts.hpp"
 #include "strata/comm/detail/threads_kernels.hpp"
 #include "strata/comm/detail/threads_state.hpp"
+#include "strata/comm/detail/wait.hpp"
 #include "strata/comm/fault.hpp"
 #include "strata/comm/fingerprint.hpp"
 #include "strata/comm/history.hpp"
@@ -515,7 +516,7 @@ class threads_core {
       }
       auto [arrived, missing] = arrivals(phase);
       const std::string what =
-          "rank " + std::to_string(rank_) + " waited " + seconds_text(config_.timeout) + " in " +
+          "rank " + std::to_string(rank_) + " waited " + seconds_text(config_.timeout) + " s in " +
           std::string(to_string(ctx.signature.op)) + " #" + std::to_string(ctx.signature.sequence) +
           " for ranks " + strata::detail::join_ranks(missing);
       world_->abort({.group = group_->id,
@@ -618,12 +619,6 @@ class threads_core {
     }
     raise(comm_error_kind::aborted, ctx.signature, "the world is in trouble", std::move(arrived),
           std::move(missing));
-  }
-
-  static std::string seconds_text(double seconds) {
-    char text[32];
-    std::snprintf(text, sizeof(text), "%g s", seconds);
-    return text;
   }
 
   static std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
@@ -923,7 +918,7 @@ class threads_core {
               {rank_}, {peer});
       }
       const std::string what =
-          "rank " + std::to_string(rank_) + " waited " + seconds_text(config_.timeout) + " in " +
+          "rank " + std::to_string(rank_) + " waited " + seconds_text(config_.timeout) + " s in " +
           std::string(to_string(ctx.signature.op)) + " #" + std::to_string(ctx.signature.sequence) +
           " for rank " + std::to_string(peer) + " (tag " + std::to_string(post.tag) + ")";
       world_->abort({.what = what});

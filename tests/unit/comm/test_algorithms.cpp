@@ -19,6 +19,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "conformance/reference.hpp"
 #include "strata/comm/fault.hpp"
 #include "strata/comm/reduce.hpp"
 #include "strata/comm/threads.hpp"
@@ -33,6 +34,8 @@ using comm::all_reduce_algorithm;
 using comm::all_reduce_config;
 using comm::reduce_op;
 using strata::dtype;
+using strata::conformance::expected;
+using strata::conformance::value;
 
 constexpr reduce_op all_ops[] = {reduce_op::sum, reduce_op::avg, reduce_op::min, reduce_op::max,
                                  reduce_op::prod};
@@ -83,43 +86,6 @@ void on_ranks(int n, Fn&& fn) {
     CHECK_MESSAGE(log.failures.empty(), log.summary());
     CHECK(log.checks > 0);
   }
-}
-
-// Small integers, exact in every dtype and every reduction over up to 5 ranks (negative ones
-// for the signed and floating types, so that min / max see signs).
-template <class T>
-T value(int rank, std::size_t i, reduce_op op) {
-  const auto r = static_cast<std::size_t>(rank);
-  int k = 0;
-  if (op == reduce_op::prod) {
-    k = 1 + static_cast<int>((r + i) % 2);
-  } else {
-    k = 1 + static_cast<int>((r * 3 + i * 5) % 7);
-    if constexpr (!std::is_same_v<T, std::uint8_t>) {
-      k -= 3;
-    }
-  }
-  if constexpr (std::is_same_v<T, strata::float16> || std::is_same_v<T, strata::bfloat16>) {
-    return T(static_cast<float>(k));
-  } else {
-    return static_cast<T>(k);
-  }
-}
-
-// The reduction of value(r, i, op) over ranks 0..n-1 in rank order.
-template <class T>
-T expected(int n, std::size_t i, reduce_op op) {
-  std::vector<T> inputs;
-  for (int r = 0; r < n; ++r) {
-    inputs.push_back(value<T>(r, i, op));
-  }
-  std::vector<const T*> pointers;
-  for (const T& v : inputs) {
-    pointers.push_back(&v);
-  }
-  T out{};
-  comm::reduce_many(&out, pointers.data(), pointers.size(), 1, op);
-  return out;
 }
 
 template <class T>

@@ -6,7 +6,7 @@
 
 #include <doctest/doctest.h>
 
-#include "../../conformance/comm_backend.hpp"
+#include "conformance/comm_backend.hpp"
 
 #include <algorithm>
 #include <array>
