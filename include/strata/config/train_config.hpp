@@ -29,6 +29,7 @@ enum class optimizer_kind { sgd, adamw };
 enum class pipeline_schedule_kind { gpipe, one_f_one_b, interleaved_1f1b };
 enum class gradient_sync_kind { all_reduce, parameter_server, hierarchical };
 enum class compression_kind { none, float16, bfloat16, topk };
+enum class sampler_remainder_kind { pad, drop };
 
 // The spelling of each enum value in TOML and on the command line.
 template <class E>
@@ -62,6 +63,11 @@ struct enum_names<gradient_sync_kind> {
 template <>
 struct enum_names<compression_kind> {
   static constexpr std::array<std::string_view, 4> names{"none", "float16", "bfloat16", "topk"};
+};
+
+template <>
+struct enum_names<sampler_remainder_kind> {
+  static constexpr std::array<std::string_view, 2> names{"pad", "drop"};
 };
 
 template <class E>
@@ -126,10 +132,13 @@ struct train_config {
   double lr_min = 0.0;            // the cosine schedule's floor
 
   // Data.
-  std::string data_dir = "/usr/share/dataset-fashion-mnist";
+  std::string data_dir = "/usr/share/datasets/fashion-mnist";
   std::int64_t loader_workers = 2;  // 0 = augment synchronously in the training thread
   std::int64_t prefetch_depth = 4;  // ready batches kept ahead of the step
   bool augment = true;
+  double loader_timeout = 60.0;  // seconds the step waits for one batch before failing
+  sampler_remainder_kind sampler_remainder = sampler_remainder_kind::pad;
+  bool drop_last = false;  // drop each rank's last partial batch of an epoch
 
   // Checkpoints.
   std::string checkpoint_dir = "checkpoints";
@@ -244,6 +253,12 @@ constexpr void visit_keys(Visitor&& v) {
   v(int_key{"prefetch_depth", &c::prefetch_depth, 1, 1024,
             "Ready batches the loader keeps ahead of the step."});
   v(bool_key{"augment", &c::augment, "Apply the example's augmentation chain to training data."});
+  v(real_key{"loader_timeout", &c::loader_timeout, 0.0, 86400.0, true,
+             "Seconds the step waits for one batch before the loader reports a stalled worker."});
+  v(enum_key<sampler_remainder_kind>{
+      "sampler_remainder", &c::sampler_remainder,
+      "Samples beyond a multiple of the data-parallel ranks: pad by repeating, or drop."});
+  v(bool_key{"drop_last", &c::drop_last, "Drop each rank's last partial batch of an epoch."});
   // Checkpoints.
   v(string_key{"checkpoint_dir", &c::checkpoint_dir, "Directory of epoch-N/ checkpoints."});
   v(int_key{"checkpoint_keep", &c::checkpoint_keep, 1, 1 << 20,
