@@ -2,7 +2,8 @@
 # Checks that every code block of README.md and docs/*.md that is marked
 #   <!-- snippet: path/to/file.cpp#name -->
 # is, line for line, the region between `// snippet-begin: name` and `// snippet-end: name` of that
-# file (a test or an example that is compiled). Run: cmake -DSOURCE_DIR=... -P this file.
+# file (a test or an example that is compiled), dedented by the begin marker's indentation.
+# Run: cmake -DSOURCE_DIR=... -P this file.
 file(GLOB _docs "${SOURCE_DIR}/README.md" "${SOURCE_DIR}/docs/*.md")
 set(_checked 0)
 foreach(_doc IN LISTS _docs)
@@ -30,6 +31,17 @@ foreach(_doc IN LISTS _docs)
     math(EXPR _b "${_b} + ${_blen}")
     math(EXPR _n "${_e} - ${_b}")
     string(SUBSTRING "${_src}" ${_b} ${_n} _code)
+    # A region inside a function is shown dedented: drop the end marker's indentation and the
+    # begin marker's indentation from every line.
+    string(REGEX REPLACE "[ ]+$" "" _code "${_code}")
+    string(SUBSTRING "${_src}" 0 ${_b} _before)
+    string(REGEX MATCH "([ ]*)// snippet-begin: ${_name}\n$" _indent_line "${_before}")
+    set(_indent "${CMAKE_MATCH_1}")
+    if(NOT _indent STREQUAL "")
+      # (CMake's ^ matches at every search position, so anchor on newlines only.)
+      string(REPLACE "\n${_indent}" "\n" _code "\n${_code}")
+      string(SUBSTRING "${_code}" 1 -1 _code)
+    endif()
     if(NOT _code STREQUAL _block)
       message(FATAL_ERROR "${_doc}: the snippet ${_file}#${_name} differs from its source.\n"
         "--- in the doc ---\n${_block}--- in the source ---\n${_code}")

@@ -7,3 +7,4 @@
 
 #include "strata/config.hpp"
 #include "strata/core.hpp"
+#include "strata/data.hpp"

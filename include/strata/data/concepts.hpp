@@ -84,26 +84,38 @@ struct transform_context {
   }
 };
 
-// Tier 2: specialize to adapt a type that cannot be changed; the primary template forwards to
-// the members.
+// Tier 2: specialize to adapt a type that cannot be changed. The primary templates forward to
+// the members and exist only where the member does, so the concepts below see what is missing.
 template <class D>
 struct dataset_traits {
-  static std::size_t size(const D& d) { return static_cast<std::size_t>(d.size()); }
-  static sample_shape shape(const D& d) { return d.shape(); }
-  static std::int32_t read(const D& d, std::size_t index, std::span<float> out) {
-    return d.read(index, out);
+  static std::size_t size(const D& d) requires requires {
+    { d.size() } -> std::convertible_to<std::size_t>;
   }
+  { return static_cast<std::size_t>(d.size()); }
+
+  static sample_shape shape(const D& d) requires requires {
+    { d.shape() } -> std::convertible_to<sample_shape>;
+  }
+  { return d.shape(); }
+
+  static std::int32_t read(const D& d, std::size_t index, std::span<float> out) requires requires {
+    { d.read(index, out) } -> std::convertible_to<std::int32_t>;
+  }
+  { return d.read(index, out); }
 };
 
 template <class T>
 struct transform_traits {
-  static sample_shape output_shape(const T& t, const sample_shape& in) {
-    return t.output_shape(in);
+  static sample_shape output_shape(const T& t, const sample_shape& in) requires requires {
+    { t.output_shape(in) } -> std::convertible_to<sample_shape>;
   }
+  { return t.output_shape(in); }
+
   static void apply(const T& t, std::span<const float> in, const sample_shape& in_shape,
-                    std::span<float> out, const transform_context& context) {
+                    std::span<float> out, const transform_context& context) requires requires {
     t.apply(in, in_shape, out, context);
   }
+  { t.apply(in, in_shape, out, context); }
 };
 
 // 1.
