@@ -13,3 +13,4 @@
 #include "strata/core/memory.hpp"
 #include "strata/core/policy.hpp"
 #include "strata/core/rng.hpp"
+#include "strata/core/shape.hpp"

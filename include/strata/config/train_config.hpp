@@ -143,6 +143,14 @@ struct train_config {
   // Checkpoints.
   std::string checkpoint_dir = "checkpoints";
   std::int64_t checkpoint_keep = 3;
+  bool resume = true;  // continue from the newest valid checkpoint in checkpoint_dir
+
+  // Run control and reporting.
+  std::int64_t max_steps = 0;          // stop (saving a checkpoint) after this many steps; 0 = none
+  std::int64_t max_train_samples = 0;  // use the first N training samples; 0 = all
+  std::int64_t max_eval_samples = 0;   // evaluate on the first N test samples; 0 = all
+  std::string metrics_file{};          // JSONL rows per step and per epoch; empty = none
+  std::int64_t log_every = 100;        // steps between log lines when not on a terminal
 
   // Parallel layout: world_size = data x tensor x pipeline.
   std::int64_t data_parallel_size = 0;  // 0 = world_size / (tensor x pipeline)
@@ -263,6 +271,19 @@ constexpr void visit_keys(Visitor&& v) {
   v(string_key{"checkpoint_dir", &c::checkpoint_dir, "Directory of epoch-N/ checkpoints."});
   v(int_key{"checkpoint_keep", &c::checkpoint_keep, 1, 1 << 20,
             "Newest checkpoints kept; older ones are removed."});
+  v(bool_key{"resume", &c::resume,
+             "Continue from the newest valid checkpoint in checkpoint_dir, if there is one."});
+  // Run control and reporting.
+  v(int_key{"max_steps", &c::max_steps, 0, int_max,
+            "Stop after this many optimizer steps in all, saving a checkpoint; 0 = no limit."});
+  v(int_key{"max_train_samples", &c::max_train_samples, 0, int_max,
+            "Train on the first N samples of the training set; 0 = all."});
+  v(int_key{"max_eval_samples", &c::max_eval_samples, 0, int_max,
+            "Evaluate on the first N samples of the test set; 0 = all."});
+  v(string_key{"metrics_file", &c::metrics_file,
+               "JSONL file with one row per step and per epoch; empty = none."});
+  v(int_key{"log_every", &c::log_every, 1, int_max,
+            "Steps between progress lines when the output is not a terminal."});
   // Parallel layout.
   v(int_key{"data_parallel_size", &c::data_parallel_size, 0, 1 << 16,
             "Data-parallel ranks; 0 = world_size / (tensor x pipeline)."});

@@ -37,28 +37,15 @@
 #include <type_traits>
 
 #include "strata/core/rng.hpp"
+#include "strata/core/shape.hpp"
 
 namespace strata::data {
 
 struct dataset_tag {};
 struct transform_tag {};
 
-// The shape of one sample's input: channels x height x width, row-major (a feature vector is
-// 1 x 1 x n).
-struct sample_shape {
-  std::size_t channels = 1;
-  std::size_t height = 1;
-  std::size_t width = 1;
-
-  constexpr std::size_t elements() const noexcept { return channels * height * width; }
-  constexpr std::size_t plane() const noexcept { return height * width; }
-  friend constexpr bool operator==(const sample_shape&, const sample_shape&) = default;
-};
-
-inline std::string to_string(const sample_shape& s) {
-  return std::to_string(s.channels) + "x" + std::to_string(s.height) + "x" +
-         std::to_string(s.width);
-}
+// The shape of one sample (core/shape.hpp).
+using strata::sample_shape;
 
 // Where a transform draws its randomness: one sample of one epoch of one seeded run. Stage k of
 // a compose sees the substream its parent derives for it (transform_context::child), so adding

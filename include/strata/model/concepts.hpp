@@ -1,0 +1,246 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+// The model family's contract: a layer maps a batch of samples of one shape to a batch of
+// another, over views of memory it does not own. Parameters live in the model's param_store
+// (model/param_store.hpp), activations and the layer's saved state in buffers its container
+// (sequential, a pipeline stage) allocates from the sizes the layer declares. So a layer is a
+// const value: the same layer object serves every thread, micro-batch and recomputation.
+//
+// A layer L, with `const L& l`, `sample_shape in` and `std::size_t batch`, must:
+//   1. opt in with `using layer_category = strata::model::layer_tag;`;
+//   2. declare its output: `l.output_shape(in)` returns sample_shape, throwing
+//      std::invalid_argument (naming the layer and the number) for inputs it cannot take;
+//   3. run forward: `l.forward(args)` with `const forward_args& args`: read args.input
+//      (batch x in), args.params; write all of args.output (batch x out) and whatever it needs
+//      later into args.workspace. Deterministic: the same args give the same bits (randomness,
+//      as in dropout, only from args.rng_for(sample));
+//   4. run backward: `l.backward(args)` with `const backward_args& args`: ADD the parameter
+//      gradients into args.grads (so micro-batches accumulate), and write all of
+//      args.grad_input (batch x in) unless it is empty (the first layer's is not needed).
+// and may (the traits supply the defaults):
+//   5. declare parameters: `l.parameters(in)` returns std::vector<param_spec>, laid out in that
+//      order, contiguously, in args.params / args.grads (default: none);
+//   6. declare saved state: `l.workspace_elements(in, batch)` floats kept from forward to
+//      backward (default: 0);
+//   7. estimate its cost per sample: `l.cost(in)` returns layer_cost (default: no flops, the
+//      output's bytes), for the pipeline partitioner and the tuner.
+//
+// Tier 2: a type that cannot be changed takes part by specializing enable_layer to true and
+// layer_traits to adapt it; containers reach every layer only through layer_traits.
+
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "strata/core/rng.hpp"
+#include "strata/core/shape.hpp"
+
+namespace strata::model {
+
+struct layer_tag {};
+
+// How a parameter starts (param_store::initialize).
+enum class init_kind {
+  zeros,
+  ones,
+  kaiming_uniform,  // U(-b, b), b = sqrt(6 / fan_in): for layers followed by ReLU
+  kaiming_normal,   // N(0, 2 / fan_in)
+  xavier_uniform,   // U(-b, b), b = sqrt(6 / (fan_in + fan_out))
+  xavier_normal,    // N(0, 2 / (fan_in + fan_out))
+  uniform_fan_in,   // U(-b, b), b = 1 / sqrt(fan_in): the usual bias init
+};
+
+inline std::string to_string(init_kind k) {
+  switch (k) {
+    case init_kind::zeros:
+      return "zeros";
+    case init_kind::ones:
+      return "ones";
+    case init_kind::kaiming_uniform:
+      return "kaiming_uniform";
+    case init_kind::kaiming_normal:
+      return "kaiming_normal";
+    case init_kind::xavier_uniform:
+      return "xavier_uniform";
+    case init_kind::xavier_normal:
+      return "xavier_normal";
+    case init_kind::uniform_fan_in:
+      return "uniform_fan_in";
+  }
+  return "?";
+}
+
+// One parameter tensor of a layer.
+struct param_spec {
+  std::string name{};    // within the layer: "weight", "bias", ...
+  std::size_t rows = 0;  // elements = rows x cols (a vector has rows = 1)
+  std::size_t cols = 0;
+  init_kind init = init_kind::zeros;
+  std::size_t fan_in = 0;
+  std::size_t fan_out = 0;
+  bool weight_decay = true;  // false for biases and normalisation scales
+
+  std::size_t elements() const noexcept { return rows * cols; }
+  friend bool operator==(const param_spec&, const param_spec&) = default;
+};
+
+// The cost of one sample through a layer.
+struct layer_cost {
+  double forward_flops = 0.0;
+  double backward_flops = 0.0;
+  std::size_t activation_bytes = 0;  // output + saved state kept for backward, per sample
+
+  friend bool operator==(const layer_cost&, const layer_cost&) = default;
+  layer_cost& operator+=(const layer_cost& o) noexcept {
+    forward_flops += o.forward_flops;
+    backward_flops += o.backward_flops;
+    activation_bytes += o.activation_bytes;
+    return *this;
+  }
+};
+
+// Where a layer's randomness comes from: one stream per (seed, step, sample, layer), so that a
+// sample's dropout mask is the same whichever rank, micro-batch or recomputation runs it.
+struct layer_rng_key {
+  std::uint64_t seed = 0;
+  std::uint32_t step = 0;   // the optimizer step (low 32 bits)
+  std::uint32_t layer = 0;  // the layer's index in its model (< 2^16)
+
+  rng_stream stream(std::uint64_t sample_id) const noexcept {
+    return rng_stream::for_sample(seed ^ 0xD1B54A32D192ED03ull, step,
+                                  sample_id & rng_stream::max_sample_index,
+                                  layer & rng_stream::max_substream);
+  }
+};
+
+struct forward_args {
+  std::size_t batch = 0;
+  sample_shape in_shape{};
+  sample_shape out_shape{};
+  std::span<const float> input{};   // batch x in_shape.elements()
+  std::span<float> output{};        // batch x out_shape.elements()
+  std::span<const float> params{};  // the layer's parameters, in parameters() order
+  std::span<float> workspace{};     // workspace_elements(in_shape, batch) floats
+  bool training = true;             // false: evaluation (dropout off, ...)
+  layer_rng_key rng{};
+  std::span<const std::uint64_t> sample_ids{};  // per sample; empty: the position in the batch
+
+  // The stream of sample b of this batch.
+  rng_stream rng_for(std::size_t b) const noexcept {
+    return rng.stream(b < sample_ids.size() ? sample_ids[b] : b);
+  }
+};
+
+struct backward_args {
+  std::size_t batch = 0;
+  sample_shape in_shape{};
+  sample_shape out_shape{};
+  std::span<const float> input{};        // as forward saw it
+  std::span<const float> output{};       // as forward left it
+  std::span<const float> grad_output{};  // batch x out_shape.elements()
+  std::span<float> grad_input{};         // batch x in_shape.elements(); empty: not wanted
+  std::span<const float> params{};
+  std::span<float> grads{};      // same layout as params; ADD into it
+  std::span<float> workspace{};  // as forward left it
+};
+
+// The primary traits forward to the members; the optional ones fall back to the defaults.
+template <class L>
+struct layer_traits {
+  static sample_shape output_shape(const L& l, const sample_shape& in) requires requires {
+    { l.output_shape(in) } -> std::convertible_to<sample_shape>;
+  }
+  { return l.output_shape(in); }
+
+  static void forward(const L& l, const forward_args& a) requires requires { l.forward(a); }
+  { l.forward(a); }
+
+  static void backward(const L& l, const backward_args& a) requires requires { l.backward(a); }
+  { l.backward(a); }
+
+  static std::vector<param_spec> parameters(const L& l, const sample_shape& in) {
+    if constexpr (requires {
+                    { l.parameters(in) } -> std::convertible_to<std::vector<param_spec>>;
+                  }) {
+      return l.parameters(in);
+    } else {
+      return {};
+    }
+  }
+
+  static std::size_t workspace_elements(const L& l, const sample_shape& in, std::size_t batch) {
+    if constexpr (requires {
+                    { l.workspace_elements(in, batch) } -> std::convertible_to<std::size_t>;
+                  }) {
+      return l.workspace_elements(in, batch);
+    } else {
+      return 0;
+    }
+  }
+
+  static layer_cost cost(const L& l, const sample_shape& in) {
+    if constexpr (requires {
+                    { l.cost(in) } -> std::convertible_to<layer_cost>;
+                  }) {
+      return l.cost(in);
+    } else {
+      return {.forward_flops = 0.0,
+              .backward_flops = 0.0,
+              .activation_bytes = output_shape(l, in).elements() * sizeof(float)};
+    }
+  }
+};
+
+// 1.
+template <class L>
+concept declares_layer_tag = requires {
+  typename L::layer_category;
+  requires std::same_as<typename L::layer_category, layer_tag>;
+};
+template <class L>
+inline constexpr bool enable_layer = declares_layer_tag<L>;
+
+template <class L>
+concept layer_tagged = enable_layer<std::remove_cvref_t<L>>;
+
+// 2.
+template <class L>
+concept layer_shapes = requires(const L& l, const sample_shape& in) {
+  { layer_traits<L>::output_shape(l, in) } -> std::same_as<sample_shape>;
+};
+
+// 3.
+template <class L>
+concept layer_forwards = requires(const L& l, const forward_args& a) {
+  layer_traits<L>::forward(l, a);
+};
+
+// 4.
+template <class L>
+concept layer_backwards = requires(const L& l, const backward_args& a) {
+  layer_traits<L>::backward(l, a);
+};
+
+template <class L>
+concept layer = layer_tagged<L> && layer_shapes<L> && layer_forwards<L> && layer_backwards<L>;
+
+template <class L>
+constexpr bool check_layer() {
+  static_assert(layer_tagged<L>,
+                "model: a layer declares 'using layer_category = strata::model::layer_tag;' or "
+                "specializes strata::model::enable_layer");
+  static_assert(layer_shapes<L>,
+                "model: a layer needs 'sample_shape output_shape(const sample_shape&) const'");
+  static_assert(layer_forwards<L>,
+                "model: a layer needs 'void forward(const strata::model::forward_args&) const'");
+  static_assert(layer_backwards<L>,
+                "model: a layer needs 'void backward(const strata::model::backward_args&) const'");
+  return true;
+}
+
+}  // namespace strata::model

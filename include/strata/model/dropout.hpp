@@ -1,0 +1,121 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+// dropout: in training, zeroes each element with probability `rate` and scales the kept ones by
+// 1 / (1 - rate), so the expected output equals the input; in evaluation
+// (forward_args::training == false), the identity.
+//
+//   strata::model::dropout{.rate = 0.1}
+//
+// Randomness (concepts.hpp, requirement 3): sample b draws from args.rng_for(b), one
+// uniform_float (one word) per element in element order, and keeps the element when the draw is
+// at least `rate`. So a sample's mask depends only on (seed, step, layer, sample id): the same
+// args give the same mask, on any rank, micro-batch or recomputation, and another step or seed
+// gives another. Forward stores the mask as the factor applied to each element (0 or
+// 1 / (1 - rate)) in the workspace, batch x elements floats, and backward applies the same
+// factors to the incoming gradient. Evaluation sets every factor to 1, so a backward after it is
+// the identity too.
+
+#include <algorithm>
+#include <cassert>
+#include <charconv>
+#include <cstddef>
+#include <stdexcept>
+#include <string>
+
+#include "strata/core/rng.hpp"
+#include "strata/core/shape.hpp"
+#include "strata/model/concepts.hpp"
+
+namespace strata::model {
+
+namespace detail {
+
+// The shortest text that reads back as the same value ("0.1", "nan").
+inline std::string dropout_number(double value) {
+  char text[64] = {};
+  const auto result = std::to_chars(text, text + sizeof(text), value);
+  return std::string(text, result.ptr);
+}
+
+}  // namespace detail
+
+struct dropout {
+  using layer_category = layer_tag;
+
+  double rate = 0.5;  // probability of dropping an element, in [0, 1)
+
+  sample_shape output_shape(const sample_shape& in) const {
+    if (!(rate >= 0.0 && rate < 1.0)) {
+      throw std::invalid_argument("dropout: rate must be in [0, 1), got " +
+                                  detail::dropout_number(rate));
+    }
+    if (in.channels == 0 || in.height == 0 || in.width == 0) {
+      throw std::invalid_argument(
+          "dropout: input shape must have channels, height and width of at least 1, got " +
+          to_string(in));
+    }
+    return in;
+  }
+
+  // The mask: one factor per element of the batch.
+  std::size_t workspace_elements(const sample_shape& in, std::size_t batch) const {
+    return batch * in.elements();
+  }
+
+  // One multiply per element each way; the mask is kept beside the output.
+  layer_cost cost(const sample_shape& in) const {
+    const auto n = static_cast<double>(in.elements());
+    return {.forward_flops = n,
+            .backward_flops = n,
+            .activation_bytes = 2 * in.elements() * sizeof(float)};
+  }
+
+  void forward(const forward_args& args) const {
+    const std::size_t elements = args.in_shape.elements();
+    [[maybe_unused]] const std::size_t n = args.batch * elements;
+    assert(args.input.size() == n && args.output.size() == n &&
+           "dropout: input and output must hold batch x elements floats");
+    assert(args.workspace.size() == n && "dropout: workspace must hold batch x elements floats");
+    assert(rate >= 0.0 && rate < 1.0 && "dropout: rate must be in [0, 1)");
+    if (!args.training) {
+      std::copy(args.input.begin(), args.input.end(), args.output.begin());
+      std::fill(args.workspace.begin(), args.workspace.end(), 1.0f);
+      return;
+    }
+    const auto keep_scale = static_cast<float>(1.0 / (1.0 - rate));
+    for (std::size_t b = 0; b < args.batch; ++b) {
+      rng_stream rng = args.rng_for(b);
+      const std::size_t offset = b * elements;
+      for (std::size_t i = offset; i < offset + elements; ++i) {
+        const bool keep = static_cast<double>(rng.uniform_float()) >= rate;
+        const float factor = keep ? keep_scale : 0.0f;
+        args.workspace[i] = factor;
+        args.output[i] = args.input[i] * factor;
+      }
+    }
+  }
+
+  void backward(const backward_args& args) const {
+    [[maybe_unused]] const std::size_t n = args.batch * args.in_shape.elements();
+    assert(args.grad_output.size() == n && args.workspace.size() == n &&
+           (args.grad_input.empty() || args.grad_input.size() == n) &&
+           "dropout: grad_output, workspace and grad_input must hold batch x elements floats");
+    if (args.grad_input.empty()) {
+      return;
+    }
+    for (std::size_t i = 0; i < args.grad_output.size(); ++i) {
+      args.grad_input[i] = args.grad_output[i] * args.workspace[i];
+    }
+  }
+
+  friend bool operator==(const dropout&, const dropout&) = default;
+};
+
+inline std::string to_string(const dropout& d) {
+  return "dropout{.rate = " + detail::dropout_number(d.rate) + "}";
+}
+
+static_assert(check_layer<dropout>());
+
+}  // namespace strata::model

@@ -1,0 +1,144 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+// linear: the fully connected layer y = x W^T + b over a batch of feature vectors.
+//
+//   strata::model::linear{.in = 784, .out = 128}
+//
+// The input may have any channels x height x width whose elements() is `in` (it is read as a
+// flat vector, so a flatten in front is optional); the output is 1 x 1 x out. Parameters, in
+// this order: "weight", out x in, row-major (row o holds the weights of output o), then, with
+// .bias, "bias", 1 x out. The products are Eigen GEMMs over row-major maps of the batch (see
+// blas.hpp for which GEMM runs). No saved state: backward reads args.input.
+
+#include <Eigen/Core>
+#include <cassert>
+#include <cstddef>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "strata/core/shape.hpp"
+#include "strata/model/blas.hpp"
+#include "strata/model/concepts.hpp"
+
+namespace strata::model {
+
+struct linear {
+  using layer_category = layer_tag;
+
+  std::size_t in = 0;   // input features, at least 1
+  std::size_t out = 0;  // output features, at least 1
+  bool bias = true;     // add a learned bias
+
+  sample_shape output_shape(const sample_shape& input) const {
+    if (in == 0) {
+      throw std::invalid_argument("linear: in must be at least 1, got 0");
+    }
+    if (out == 0) {
+      throw std::invalid_argument("linear: out must be at least 1, got 0");
+    }
+    if (input.elements() != in) {
+      throw std::invalid_argument("linear: input shape " + to_string(input) + " has " +
+                                  std::to_string(input.elements()) +
+                                  " elements, expected in = " + std::to_string(in));
+    }
+    return sample_shape{.channels = 1, .height = 1, .width = out};
+  }
+
+  std::vector<param_spec> parameters(const sample_shape&) const {
+    std::vector<param_spec> specs;
+    specs.push_back(param_spec{.name = "weight",
+                               .rows = out,
+                               .cols = in,
+                               .init = init_kind::kaiming_uniform,
+                               .fan_in = in,
+                               .fan_out = out,
+                               .weight_decay = true});
+    if (bias) {
+      specs.push_back(param_spec{.name = "bias",
+                                 .rows = 1,
+                                 .cols = out,
+                                 .init = init_kind::uniform_fan_in,
+                                 .fan_in = in,
+                                 .fan_out = out,
+                                 .weight_decay = false});
+    }
+    return specs;
+  }
+
+  // Per sample: a multiply and an add per weight forward; dx and dW each as much backward.
+  layer_cost cost(const sample_shape&) const {
+    const auto weights = static_cast<double>(in) * static_cast<double>(out);
+    return {.forward_flops = 2.0 * weights,
+            .backward_flops = 4.0 * weights,
+            .activation_bytes = out * sizeof(float)};
+  }
+
+  void forward(const forward_args& args) const {
+    assert(args.input.size() == args.batch * in && "linear: input must hold batch x in floats");
+    assert(args.output.size() == args.batch * out && "linear: output must hold batch x out floats");
+    assert(args.params.size() == parameter_elements() && "linear: params size mismatch");
+    if (args.batch == 0) {
+      return;
+    }
+    const const_matrix x(args.input.data(), rows(args.batch), cols(in));
+    const const_matrix w(args.params.data(), rows(out), cols(in));
+    matrix y(args.output.data(), rows(args.batch), cols(out));
+    y.noalias() = x * w.transpose();
+    if (bias) {
+      const const_row b(args.params.data() + out * in, cols(out));
+      y.rowwise() += b;
+    }
+  }
+
+  void backward(const backward_args& args) const {
+    assert(args.input.size() == args.batch * in && "linear: input must hold batch x in floats");
+    assert(args.grad_output.size() == args.batch * out &&
+           "linear: grad_output must hold batch x out floats");
+    assert((args.grad_input.empty() || args.grad_input.size() == args.batch * in) &&
+           "linear: grad_input must be empty or hold batch x in floats");
+    assert(args.params.size() == parameter_elements() && "linear: params size mismatch");
+    assert(args.grads.size() == parameter_elements() && "linear: grads size mismatch");
+    if (args.batch == 0) {
+      return;
+    }
+    const const_matrix x(args.input.data(), rows(args.batch), cols(in));
+    const const_matrix dy(args.grad_output.data(), rows(args.batch), cols(out));
+    matrix dw(args.grads.data(), rows(out), cols(in));
+    dw.noalias() += dy.transpose() * x;
+    if (bias) {
+      row db(args.grads.data() + out * in, cols(out));
+      db += dy.colwise().sum();
+    }
+    if (!args.grad_input.empty()) {
+      const const_matrix w(args.params.data(), rows(out), cols(in));
+      matrix dx(args.grad_input.data(), rows(args.batch), cols(in));
+      dx.noalias() = dy * w;
+    }
+  }
+
+  friend bool operator==(const linear&, const linear&) = default;
+
+ private:
+  using row_major = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  using matrix = Eigen::Map<row_major>;
+  using const_matrix = Eigen::Map<const row_major>;
+  using row = Eigen::Map<Eigen::RowVectorXf>;
+  using const_row = Eigen::Map<const Eigen::RowVectorXf>;
+
+  static Eigen::Index rows(std::size_t n) { return static_cast<Eigen::Index>(n); }
+  static Eigen::Index cols(std::size_t n) { return static_cast<Eigen::Index>(n); }
+
+  std::size_t parameter_elements() const { return out * in + (bias ? out : 0); }
+};
+
+inline std::string to_string(const linear& l) {
+  return "linear{.in = " + std::to_string(l.in) + ", .out = " + std::to_string(l.out) +
+         ", .bias = " + (l.bias ? "true" : "false") + "}";
+}
+
+static_assert(check_layer<linear>());
+
+}  // namespace strata::model

@@ -1,0 +1,230 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+// param_store: every parameter of a model (or of one rank's shard) in one aligned contiguous
+// buffer, the gradients in a second buffer of the same layout.
+//
+// Tensors are laid out in the order given, each group (a layer's parameters) starting on an
+// `alignment` boundary and its tensors packed back to back, so that a layer sees its parameters
+// as one span. Bucketed all-reduce, sharded optimizer state, checkpoints and precision casts are
+// loops over ranges of these two buffers; padding between groups is zero and stays zero (its
+// gradient is zero too).
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "strata/core/host.hpp"
+#include "strata/core/rng.hpp"
+#include "strata/model/concepts.hpp"
+
+namespace strata::model {
+
+// One tensor's place in the store.
+struct param_entry {
+  std::string name{};  // "<group>.<tensor>", e.g. "2.weight"
+  param_spec spec{};
+  std::size_t offset = 0;  // in floats, from the start of the buffer
+  std::size_t group = 0;
+
+  friend bool operator==(const param_entry&, const param_entry&) = default;
+};
+
+// One group's (layer's) range.
+struct param_group {
+  std::string name{};
+  std::size_t offset = 0;    // floats
+  std::size_t elements = 0;  // of its tensors, without padding
+
+  friend bool operator==(const param_group&, const param_group&) = default;
+};
+
+struct param_store_config {
+  std::size_t alignment = 64;  // bytes; each group starts on this boundary
+
+  friend bool operator==(const param_store_config&, const param_store_config&) = default;
+};
+
+class param_store {
+ public:
+  param_store() = default;
+
+  // groups[g] are the tensors of group g, named group_names[g].
+  param_store(const std::vector<std::string>& group_names,
+              const std::vector<std::vector<param_spec>>& groups, param_store_config config = {})
+      : config_(config) {
+    if (group_names.size() != groups.size()) {
+      throw std::invalid_argument("param_store: " + std::to_string(group_names.size()) +
+                                  " group names for " + std::to_string(groups.size()) + " groups");
+    }
+    if (config_.alignment < sizeof(float) || (config_.alignment & (config_.alignment - 1)) != 0) {
+      throw std::invalid_argument("param_store: alignment " + std::to_string(config_.alignment) +
+                                  " is not a power of two of at least 4 bytes");
+    }
+    const std::size_t align = config_.alignment / sizeof(float);
+    std::size_t offset = 0;
+    for (std::size_t g = 0; g < groups.size(); ++g) {
+      offset = (offset + align - 1) / align * align;
+      param_group group{.name = group_names[g], .offset = offset, .elements = 0};
+      for (const param_spec& spec : groups[g]) {
+        entries_.push_back(
+            {.name = group_names[g] + "." + spec.name, .spec = spec, .offset = offset, .group = g});
+        offset += spec.elements();
+        group.elements += spec.elements();
+      }
+      groups_.push_back(group);
+    }
+    total_ = offset;
+    values_ = buffer<float>(total_, {.alignment = config_.alignment, .zero_fill = true});
+    grads_ = buffer<float>(total_, {.alignment = config_.alignment, .zero_fill = true});
+  }
+
+  param_store(param_store&&) noexcept = default;
+  param_store& operator=(param_store&&) noexcept = default;
+
+  // Floats in each buffer, padding included.
+  std::size_t size() const noexcept { return total_; }
+  // Parameters, padding excluded.
+  std::size_t parameter_count() const noexcept {
+    std::size_t n = 0;
+    for (const auto& g : groups_) {
+      n += g.elements;
+    }
+    return n;
+  }
+  const param_store_config& config() const noexcept { return config_; }
+  const std::vector<param_entry>& entries() const noexcept { return entries_; }
+  const std::vector<param_group>& groups() const noexcept { return groups_; }
+
+  std::span<float> values() noexcept { return values_.span(); }
+  std::span<const float> values() const noexcept { return values_.span(); }
+  std::span<float> grads() noexcept { return grads_.span(); }
+  std::span<const float> grads() const noexcept { return grads_.span(); }
+
+  // A group's (layer's) parameters and gradients.
+  std::span<float> group_values(std::size_t g) { return slice(values_.span(), group_range(g)); }
+  std::span<const float> group_values(std::size_t g) const {
+    return slice(values_.span(), group_range(g));
+  }
+  std::span<float> group_grads(std::size_t g) { return slice(grads_.span(), group_range(g)); }
+
+  // A tensor by name ("2.weight").
+  const param_entry& entry(std::string_view name) const {
+    for (const auto& e : entries_) {
+      if (e.name == name) {
+        return e;
+      }
+    }
+    std::string known;
+    for (const auto& e : entries_) {
+      known += (known.empty() ? "" : ", ") + e.name;
+    }
+    throw std::invalid_argument("param_store: no parameter '" + std::string(name) +
+                                "'; parameters: " + known);
+  }
+  std::span<float> value(std::string_view name) {
+    const auto& e = entry(name);
+    return values_.span().subspan(e.offset, e.spec.elements());
+  }
+  std::span<const float> value(std::string_view name) const {
+    const auto& e = entry(name);
+    return values_.span().subspan(e.offset, e.spec.elements());
+  }
+  std::span<float> grad(std::string_view name) {
+    const auto& e = entry(name);
+    return grads_.span().subspan(e.offset, e.spec.elements());
+  }
+
+  void zero_grads() noexcept {
+    if (total_ != 0) {
+      values_.space().zero(grads_.data(), grads_.bytes());
+    }
+  }
+
+  // Seeded initialisation of every tensor by its init_kind: tensor t draws from the stream
+  // (seed, epoch 0, sample t, substream 0x1A17), so a tensor's values do not depend on the
+  // others, on the alignment or on how the model is split across ranks.
+  void initialize(std::uint64_t seed) {
+    for (std::size_t t = 0; t < entries_.size(); ++t) {
+      const param_entry& e = entries_[t];
+      std::span<float> out = values_.span().subspan(e.offset, e.spec.elements());
+      rng_stream rng = rng_stream::for_sample(seed, 0, t, init_substream);
+      fill(out, e.spec, rng);
+    }
+  }
+
+  static constexpr std::uint32_t init_substream = 0x1A17;
+
+ private:
+  struct range {
+    std::size_t offset = 0;
+    std::size_t elements = 0;
+  };
+
+  range group_range(std::size_t g) const {
+    if (g >= groups_.size()) {
+      throw std::out_of_range("param_store: group " + std::to_string(g) + " of " +
+                              std::to_string(groups_.size()));
+    }
+    return {groups_[g].offset, groups_[g].elements};
+  }
+
+  template <class T>
+  static std::span<T> slice(std::span<T> all, range r) {
+    return all.subspan(r.offset, r.elements);
+  }
+
+  static void fill(std::span<float> out, const param_spec& spec, rng_stream& rng) {
+    const double fan_in = static_cast<double>(spec.fan_in == 0 ? 1 : spec.fan_in);
+    const double fan_sum =
+        static_cast<double>(spec.fan_in + spec.fan_out == 0 ? 1 : spec.fan_in + spec.fan_out);
+    auto uniform = [&](double bound) {
+      for (float& v : out) {
+        v = static_cast<float>(rng.uniform(-bound, bound));
+      }
+    };
+    auto normal = [&](double stddev) {
+      for (float& v : out) {
+        v = static_cast<float>(rng.normal(0.0, stddev));
+      }
+    };
+    switch (spec.init) {
+      case init_kind::zeros:
+        std::fill(out.begin(), out.end(), 0.0f);
+        break;
+      case init_kind::ones:
+        std::fill(out.begin(), out.end(), 1.0f);
+        break;
+      case init_kind::kaiming_uniform:
+        uniform(std::sqrt(6.0 / fan_in));
+        break;
+      case init_kind::kaiming_normal:
+        normal(std::sqrt(2.0 / fan_in));
+        break;
+      case init_kind::xavier_uniform:
+        uniform(std::sqrt(6.0 / fan_sum));
+        break;
+      case init_kind::xavier_normal:
+        normal(std::sqrt(2.0 / fan_sum));
+        break;
+      case init_kind::uniform_fan_in:
+        uniform(1.0 / std::sqrt(fan_in));
+        break;
+    }
+  }
+
+  param_store_config config_{};
+  std::vector<param_entry> entries_{};
+  std::vector<param_group> groups_{};
+  std::size_t total_ = 0;
+  buffer<float> values_{};
+  buffer<float> grads_{};
+};
+
+}  // namespace strata::model

@@ -1,0 +1,310 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+// sequential<Layers...>: layers applied in order, composed at compile time.
+//
+//   strata::model::sequential mlp({.channels = 1, .height = 28, .width = 28},
+//                                 strata::model::flatten{},
+//                                 strata::model::linear{.in = 784, .out = 1024},
+//                                 strata::model::relu{}, ...);
+//   auto params = mlp.make_params();  params.initialize(seed);
+//   auto work = mlp.make_workspace(batch);
+//   auto logits = mlp.forward(work, params, inputs, batch, {.training = true});
+//   mlp.backward(work, params, grad_logits);   // adds into params.grads()
+//
+// The model owns no memory: parameters live in a param_store (layer i's tensors are group i,
+// named "<i>.<tensor>"), activations and the layers' saved state in a workspace made for a
+// largest batch. forward keeps every layer's output (and a view of the input, which must stay
+// alive until backward); backward walks the layers in reverse through two ping-pong gradient
+// buffers and skips the first layer's input gradient.
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "strata/core/host.hpp"
+#include "strata/core/shape.hpp"
+#include "strata/model/concepts.hpp"
+#include "strata/model/param_store.hpp"
+
+namespace strata::model {
+
+// How one forward pass runs.
+struct run_options {
+  bool training = true;
+  std::uint64_t seed = 0;  // with step, keys the layers' randomness (dropout)
+  std::uint32_t step = 0;
+  std::span<const std::uint64_t> sample_ids{};  // per sample (dataset indices); empty: positions
+};
+
+// The memory one model needs for batches of up to `capacity` samples.
+class sequential_workspace {
+ public:
+  sequential_workspace() = default;
+
+  std::size_t capacity() const noexcept { return capacity_; }
+  std::size_t batch() const noexcept { return batch_; }
+  // Floats held (activations, saved state and gradient buffers).
+  std::size_t floats() const noexcept {
+    std::size_t n = grad_a_.size() + grad_b_.size();
+    for (const auto& a : outputs_) {
+      n += a.size();
+    }
+    for (const auto& w : saved_) {
+      n += w.size();
+    }
+    return n;
+  }
+
+ private:
+  template <class...>
+  friend class sequential;
+
+  std::size_t capacity_ = 0;
+  std::size_t batch_ = 0;  // of the last forward
+  bool forward_done_ = false;
+  std::span<const float> input_{};
+  std::vector<buffer<float>> outputs_{};  // outputs_[i]: layer i's output
+  std::vector<buffer<float>> saved_{};    // saved_[i]: layer i's workspace
+  buffer<float> grad_a_{};
+  buffer<float> grad_b_{};
+};
+
+template <class... Layers>
+class sequential {
+  static_assert(sizeof...(Layers) > 0, "model: sequential needs at least one layer");
+  static_assert((check_layer<Layers>() && ...));
+
+ public:
+  static constexpr std::size_t layer_count = sizeof...(Layers);
+  using workspace_type = sequential_workspace;
+
+  explicit sequential(sample_shape input, Layers... layers) : layers_(std::move(layers)...) {
+    shapes_[0] = input;
+    if (input.elements() == 0) {
+      throw std::invalid_argument("sequential: the input shape " + to_string(input) +
+                                  " has no elements");
+    }
+    for_each_layer([&]<std::size_t I>(const auto& l) {
+      try {
+        shapes_[I + 1] = layer_traits<layer_t<I>>::output_shape(l, shapes_[I]);
+      } catch (const std::invalid_argument& e) {
+        throw std::invalid_argument("sequential: layer " + std::to_string(I) + " (input " +
+                                    to_string(shapes_[I]) + "): " + e.what());
+      }
+    });
+  }
+
+  sample_shape input_shape() const noexcept { return shapes_[0]; }
+  sample_shape output_shape() const noexcept { return shapes_[layer_count]; }
+  // shapes()[i] is layer i's input, shapes()[i + 1] its output.
+  const std::array<sample_shape, layer_count + 1>& shapes() const noexcept { return shapes_; }
+
+  template <std::size_t I>
+  const auto& layer() const noexcept {
+    return std::get<I>(layers_);
+  }
+
+  // Parameter groups: group i holds layer i's tensors.
+  std::vector<std::string> group_names() const {
+    std::vector<std::string> names;
+    for (std::size_t i = 0; i < layer_count; ++i) {
+      names.push_back(std::to_string(i));
+    }
+    return names;
+  }
+  std::vector<std::vector<param_spec>> parameter_groups() const {
+    std::vector<std::vector<param_spec>> groups(layer_count);
+    for_each_layer([&]<std::size_t I>(const auto& l) {
+      groups[I] = layer_traits<layer_t<I>>::parameters(l, shapes_[I]);
+    });
+    return groups;
+  }
+  param_store make_params(param_store_config config = {}) const {
+    return param_store(group_names(), parameter_groups(), config);
+  }
+
+  // Per-sample cost of each layer, and their sum.
+  std::vector<layer_cost> costs() const {
+    std::vector<layer_cost> out(layer_count);
+    for_each_layer([&]<std::size_t I>(const auto& l) {
+      out[I] = layer_traits<layer_t<I>>::cost(l, shapes_[I]);
+    });
+    return out;
+  }
+  layer_cost total_cost() const {
+    layer_cost sum{};
+    for (const auto& c : costs()) {
+      sum += c;
+    }
+    return sum;
+  }
+
+  // Floats a workspace for `batch` samples holds (ask before allocating).
+  std::size_t workspace_floats(std::size_t batch) const {
+    std::size_t n = 2 * batch * max_elements();
+    for_each_layer([&]<std::size_t I>(const auto& l) {
+      n += batch * shapes_[I + 1].elements();
+      n += layer_traits<layer_t<I>>::workspace_elements(l, shapes_[I], batch);
+    });
+    return n;
+  }
+
+  sequential_workspace make_workspace(std::size_t capacity) const {
+    if (capacity == 0) {
+      throw std::invalid_argument("sequential: a workspace needs a capacity of at least 1");
+    }
+    sequential_workspace w;
+    w.capacity_ = capacity;
+    for_each_layer([&]<std::size_t I>(const auto& l) {
+      w.outputs_.emplace_back(capacity * shapes_[I + 1].elements());
+      w.saved_.emplace_back(layer_traits<layer_t<I>>::workspace_elements(l, shapes_[I], capacity));
+    });
+    w.grad_a_ = buffer<float>(capacity * max_elements());
+    w.grad_b_ = buffer<float>(capacity * max_elements());
+    return w;
+  }
+
+  // Runs the layers on `batch` samples of `input` (batch x input_shape().elements()) and
+  // returns the output (batch x output_shape().elements()), valid until the next forward.
+  std::span<const float> forward(sequential_workspace& w, const param_store& params,
+                                 std::span<const float> input, std::size_t batch,
+                                 const run_options& options = {}) const {
+    check_batch(w, batch, "forward");
+    if (input.size() != batch * shapes_[0].elements()) {
+      throw std::invalid_argument("sequential::forward: input has " + std::to_string(input.size()) +
+                                  " floats, " + std::to_string(batch) + " samples of " +
+                                  to_string(shapes_[0]) + " need " +
+                                  std::to_string(batch * shapes_[0].elements()));
+    }
+    check_params(params);
+    w.batch_ = batch;
+    w.input_ = input;
+    w.forward_done_ = false;
+    for_each_layer([&]<std::size_t I>(const auto& l) {
+      forward_args a;
+      a.batch = batch;
+      a.in_shape = shapes_[I];
+      a.out_shape = shapes_[I + 1];
+      a.input = I == 0 ? input : output_of(w, I - 1, batch);
+      a.output = std::span<float>(w.outputs_[I].data(), batch * shapes_[I + 1].elements());
+      a.params = params.group_values(I);
+      a.workspace = saved_of(w, I, l, batch);
+      a.training = options.training;
+      a.rng = {.seed = options.seed, .step = options.step, .layer = static_cast<std::uint32_t>(I)};
+      a.sample_ids = options.sample_ids;
+      layer_traits<layer_t<I>>::forward(l, a);
+    });
+    w.forward_done_ = true;
+    return output_of(w, layer_count - 1, batch);
+  }
+
+  // Back-propagates grad_output (batch x output elements, for the batch of the last forward)
+  // and adds every parameter's gradient into params.grads().
+  void backward(sequential_workspace& w, param_store& params,
+                std::span<const float> grad_output) const {
+    if (!w.forward_done_) {
+      throw std::logic_error("sequential::backward: no forward pass to go back through");
+    }
+    const std::size_t batch = w.batch_;
+    if (grad_output.size() != batch * output_shape().elements()) {
+      throw std::invalid_argument("sequential::backward: grad_output has " +
+                                  std::to_string(grad_output.size()) + " floats, expected " +
+                                  std::to_string(batch * output_shape().elements()));
+    }
+    check_params(params);
+    std::span<const float> upstream = grad_output;
+    bool into_a = true;
+    for_each_layer_reverse([&]<std::size_t I>(const auto& l) {
+      backward_args a;
+      a.batch = batch;
+      a.in_shape = shapes_[I];
+      a.out_shape = shapes_[I + 1];
+      a.input = I == 0 ? w.input_ : output_of(w, I - 1, batch);
+      a.output = output_of(w, I, batch);
+      a.grad_output = upstream;
+      std::span<float> grad_in{};
+      if constexpr (I > 0) {
+        buffer<float>& target = into_a ? w.grad_a_ : w.grad_b_;
+        grad_in = std::span<float>(target.data(), batch * shapes_[I].elements());
+      }
+      a.grad_input = grad_in;
+      a.params = params.group_values(I);
+      a.grads = params.group_grads(I);
+      a.workspace = saved_of(w, I, l, batch);
+      layer_traits<layer_t<I>>::backward(l, a);
+      upstream = grad_in;
+      into_a = !into_a;
+    });
+  }
+
+ private:
+  template <std::size_t I>
+  using layer_t = std::tuple_element_t<I, std::tuple<Layers...>>;
+
+  template <class F>
+  void for_each_layer(F&& f) const {
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      (f.template operator()<I>(std::get<I>(layers_)), ...);
+    }
+    (std::index_sequence_for<Layers...>{});
+  }
+
+  template <class F>
+  void for_each_layer_reverse(F&& f) const {
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      (f.template operator()<layer_count - 1 - I>(std::get<layer_count - 1 - I>(layers_)), ...);
+    }
+    (std::index_sequence_for<Layers...>{});
+  }
+
+  std::size_t max_elements() const noexcept {
+    std::size_t m = 0;
+    for (const auto& s : shapes_) {
+      m = s.elements() > m ? s.elements() : m;
+    }
+    return m;
+  }
+
+  std::span<float> output_of(sequential_workspace& w, std::size_t i, std::size_t batch) const {
+    return std::span<float>(w.outputs_[i].data(), batch * shapes_[i + 1].elements());
+  }
+
+  template <class L>
+  std::span<float> saved_of(sequential_workspace& w, std::size_t i, const L& l,
+                            std::size_t batch) const {
+    const std::size_t n = layer_traits<L>::workspace_elements(l, shapes_[i], batch);
+    return std::span<float>(w.saved_[i].data(), n);
+  }
+
+  void check_batch(const sequential_workspace& w, std::size_t batch, const char* op) const {
+    if (batch == 0 || batch > w.capacity_) {
+      throw std::invalid_argument(std::string("sequential::") + op + ": batch " +
+                                  std::to_string(batch) + " is outside 1.." +
+                                  std::to_string(w.capacity_) + " (the workspace's capacity)");
+    }
+    if (w.outputs_.size() != layer_count) {
+      throw std::invalid_argument(std::string("sequential::") + op +
+                                  ": the workspace was not made by this model");
+    }
+  }
+
+  void check_params(const param_store& params) const {
+    if (params.groups().size() != layer_count) {
+      throw std::invalid_argument("sequential: the param_store has " +
+                                  std::to_string(params.groups().size()) + " groups, the model " +
+                                  std::to_string(layer_count) + " layers");
+    }
+  }
+
+  std::tuple<Layers...> layers_;
+  std::array<sample_shape, layer_count + 1> shapes_{};
+};
+
+}  // namespace strata::model

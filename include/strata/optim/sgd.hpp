@@ -1,0 +1,126 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+// sgd: stochastic gradient descent with optional (Nesterov) momentum and coupled L2 weight
+// decay, the update of PyTorch's torch.optim.SGD with dampening 0:
+//
+//   g = grad + weight_decay * p          (only for ranges with update_args::weight_decay)
+//   v = momentum * v + g                 (only with momentum > 0; v is state slot 0)
+//   u = nesterov ? g + momentum * v : (momentum > 0 ? v : g)
+//   p = p - lr * u
+//
+// The momentum buffer starts at zero (the caller zero-fills a fresh state buffer), so the first
+// step sets v = momentum * 0 + g = g exactly, which is PyTorch's first step (buffer = g).
+// Arithmetic is in float with the coefficients rounded to float once per call. The update is
+// elementwise and reads no mutable optimizer state, so any split of the parameters into ranges,
+// updated in any order or concurrently, gives the same bits (within one build).
+
+#include <array>
+#include <charconv>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+#include "strata/optim/concepts.hpp"
+
+namespace strata::optim {
+
+struct sgd_config {
+  double momentum = 0.9;      // [0, 1); 0 = no momentum buffer
+  bool nesterov = false;      // needs momentum > 0
+  double weight_decay = 0.0;  // coupled L2 coefficient, >= 0
+
+  friend bool operator==(const sgd_config&, const sgd_config&) = default;
+};
+
+inline std::string to_string(const sgd_config& c) {
+  const auto number = [](double value) {
+    std::array<char, 64> text{};
+    const auto result = std::to_chars(text.data(), text.data() + text.size(), value);
+    return std::string(text.data(), result.ptr);
+  };
+  return "sgd_config{.momentum = " + number(c.momentum) +
+         ", .nesterov = " + (c.nesterov ? "true" : "false") +
+         ", .weight_decay = " + number(c.weight_decay) + "}";
+}
+
+class sgd {
+ public:
+  using optimizer_category = optimizer_tag;
+
+  explicit sgd(sgd_config config = {}) : config_(config) {
+    if (!(config_.momentum >= 0.0 && config_.momentum < 1.0)) {
+      throw std::invalid_argument("sgd: sgd_config.momentum must be in [0, 1), got " +
+                                  to_string(config_));
+    }
+    if (!(config_.weight_decay >= 0.0 && std::isfinite(config_.weight_decay))) {
+      throw std::invalid_argument("sgd: sgd_config.weight_decay must be finite and >= 0, got " +
+                                  to_string(config_));
+    }
+    if (config_.nesterov && config_.momentum == 0.0) {
+      throw std::invalid_argument("sgd: sgd_config.nesterov needs momentum > 0, got " +
+                                  to_string(config_));
+    }
+  }
+
+  const sgd_config& config() const noexcept { return config_; }
+
+  // 1 float (the momentum buffer) per parameter with momentum, none without.
+  std::size_t state_per_parameter() const noexcept { return config_.momentum > 0.0 ? 1 : 0; }
+
+  void begin_step() noexcept { ++step_; }
+  std::uint64_t step_count() const noexcept { return step_; }
+  void set_step_count(std::uint64_t n) noexcept { step_ = n; }
+
+  // Updates one range; throws std::invalid_argument if grads or state do not match params.
+  void update(const update_args& args) const {
+    const std::size_t n = args.params.size();
+    if (args.grads.size() != n) {
+      throw std::invalid_argument("sgd: update_args.grads has " +
+                                  std::to_string(args.grads.size()) + " floats for " +
+                                  std::to_string(n) + " params");
+    }
+    if (args.state.size() != state_per_parameter() * n) {
+      throw std::invalid_argument("sgd: update_args.state has " +
+                                  std::to_string(args.state.size()) + " floats, expected " +
+                                  std::to_string(state_per_parameter() * n));
+    }
+    float* const p = args.params.data();
+    const float* const grad = args.grads.data();
+    float* const v = args.state.data();
+    const bool decay = args.weight_decay && config_.weight_decay != 0.0;
+    const auto wd = static_cast<float>(config_.weight_decay);
+    const auto momentum = static_cast<float>(config_.momentum);
+    const auto lr = static_cast<float>(args.lr);
+    const bool has_momentum = config_.momentum > 0.0;
+    for (std::size_t i = 0; i < n; ++i) {
+      float g = grad[i];
+      if (decay) {
+        g += wd * p[i];
+      }
+      float u = g;
+      if (has_momentum) {
+        v[i] = momentum * v[i] + g;
+        u = config_.nesterov ? g + momentum * v[i] : v[i];
+      }
+      p[i] -= lr * u;
+    }
+  }
+
+  // "sgd{.momentum = ..., .nesterov = ..., .weight_decay = ...}".
+  std::string describe() const {
+    constexpr std::string_view prefix = "sgd_config";
+    return "sgd" + to_string(config_).substr(prefix.size());
+  }
+
+ private:
+  sgd_config config_;
+  std::uint64_t step_ = 0;
+};
+
+static_assert(check_optimizer<sgd>());
+
+}  // namespace strata::optim

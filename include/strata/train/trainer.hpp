@@ -1,0 +1,590 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+// trainer<Model, Policies...>: the training loop where the families meet.
+//
+//   strata::train::trainer run(model, config);      // config: strata::config::train_config
+//   run.on_epoch([](const strata::train::epoch_metrics& m) { ... });
+//   auto summary = run.fit(train_set, augmentation, test_set, test_transform);
+//
+// Policy slots (core/policy.hpp), one per family, in any order; defaults: batch::fixed,
+// precision::fp32, parallel::single_rank. This version runs those defaults; the other policies
+// of each family plug into the same slots.
+//
+// One step: take the loader's next batch (data time), zero the gradients, forward in training
+// mode, softmax cross-entropy with gradient scaled by 1 / batch, backward, one optimizer update
+// per parameter tensor at the schedule's rate (compute time). Evaluation after every epoch.
+// Checkpoints every checkpoint_interval epochs and after the last, into checkpoint_dir/epoch-N/
+// (N epochs done), plus checkpoint_dir/epoch-N-step-S/ when max_steps stops a run mid-epoch.
+// With resume on, fit() continues from the newest valid checkpoint: the same batches, dropout
+// masks, rates and optimizer state follow, so a resumed run matches an uninterrupted one bit for
+// bit.
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <optional>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#ifndef XXH_INLINE_ALL
+#define XXH_INLINE_ALL
+#endif
+#include <xxhash.h>
+
+#include "strata/batch/fixed.hpp"
+#include "strata/config/train_config.hpp"
+#include "strata/config/validate.hpp"
+#include "strata/core/error.hpp"
+#include "strata/core/host.hpp"
+#include "strata/core/policy.hpp"
+#include "strata/data/concepts.hpp"
+#include "strata/data/prefetch_loader.hpp"
+#include "strata/data/sampler.hpp"
+#include "strata/data/subset.hpp"
+#include "strata/model/param_store.hpp"
+#include "strata/model/softmax_cross_entropy.hpp"
+#include "strata/optim/any_optimizer.hpp"
+#include "strata/optim/lr_schedule.hpp"
+#include "strata/parallel/single_rank.hpp"
+#include "strata/precision/fp32.hpp"
+#include "strata/train/checkpoint.hpp"
+#include "strata/train/metrics.hpp"
+#include "strata/train/progress.hpp"
+
+namespace strata::train {
+
+// The result of fit().
+struct fit_summary {
+  std::uint64_t epochs_done = 0;  // epochs completed, over all runs of the checkpointed job
+  std::uint64_t steps = 0;        // global optimizer steps done
+  std::uint64_t steps_this_run = 0;
+  double test_loss = 0.0;  // of the last evaluation
+  double test_accuracy = 0.0;
+  double samples_per_second = 0.0;  // training samples / training wall time, this run
+  double wall_seconds = 0.0;        // fit() from start to end
+  std::string params_xxh3{};        // of the final parameters, hex
+  std::string resumed_from{};       // checkpoint name; empty when started fresh
+  bool stopped_by_max_steps = false;
+
+  friend bool operator==(const fit_summary&, const fit_summary&) = default;
+};
+
+struct eval_result {
+  double loss = 0.0;
+  double accuracy = 0.0;
+  std::size_t samples = 0;
+
+  friend bool operator==(const eval_result&, const eval_result&) = default;
+};
+
+// Options that are not part of the run's configuration.
+struct trainer_options {
+  bool print_progress = true;
+  std::FILE* progress_out = nullptr;  // nullptr: stdout
+  int terminal = -1;                  // progress bar: 1 / 0 force; -1 ask isatty
+  std::size_t eval_batch = 500;
+
+  friend bool operator==(const trainer_options&, const trainer_options&) = default;
+};
+
+// The xxh3 of a float range, as 16 hex digits.
+inline std::string xxh3_hex(std::span<const float> values) {
+  const XXH64_hash_t h = XXH3_64bits(values.data(), values.size_bytes());
+  char text[17];
+  std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(h));
+  return text;
+}
+
+// The hash of the keys that change the numbers of a run (not where files go, how many loader
+// threads run, how progress is shown or when the run stops), for the checkpoint manifest.
+inline std::string config_hash(config::train_config cfg) {
+  const config::train_config defaults{};
+  cfg.data_dir = defaults.data_dir;
+  cfg.loader_workers = defaults.loader_workers;
+  cfg.prefetch_depth = defaults.prefetch_depth;
+  cfg.loader_timeout = defaults.loader_timeout;
+  cfg.checkpoint_dir = defaults.checkpoint_dir;
+  cfg.checkpoint_keep = defaults.checkpoint_keep;
+  cfg.checkpoint_interval = defaults.checkpoint_interval;
+  cfg.resume = defaults.resume;
+  cfg.max_steps = defaults.max_steps;
+  cfg.metrics_file = defaults.metrics_file;
+  cfg.log_every = defaults.log_every;
+  cfg.comm_timeout = defaults.comm_timeout;
+  const std::string text = config::print_toml(cfg);
+  char out[17];
+  std::snprintf(out, sizeof out, "%016llx",
+                static_cast<unsigned long long>(XXH3_64bits(text.data(), text.size())));
+  return out;
+}
+
+template <class Model, class... Policies>
+class trainer {
+  using policies =
+      policy_set<type_list<batch::fixed, precision::fp32, parallel::single_rank>, Policies...>;
+  using batch_policy = typename policies::template get<batch_policy_tag>;
+  using precision_policy = typename policies::template get<precision_policy_tag>;
+  using parallel_policy = typename policies::template get<parallel_policy_tag>;
+  static_assert(std::is_same_v<batch_policy, batch::fixed>,
+                "trainer: this version runs the batch policy 'batch::fixed' only");
+  static_assert(std::is_same_v<precision_policy, precision::fp32>,
+                "trainer: this version runs the precision policy 'precision::fp32' only");
+  static_assert(std::is_same_v<parallel_policy, parallel::single_rank>,
+                "trainer: this version runs the parallel policy 'parallel::single_rank' only");
+
+ public:
+  using model_type = Model;
+
+  trainer(Model model, config::train_config cfg, trainer_options options = {})
+      : model_(std::move(model)),
+        cfg_(std::move(cfg)),
+        options_(options),
+        params_(model_.make_params()),
+        optimizer_(checked_optimizer(cfg_)) {
+    if (model_.output_shape().channels != 1 || model_.output_shape().height != 1) {
+      throw std::invalid_argument("trainer: the model's output " +
+                                  to_string(model_.output_shape()) +
+                                  " is not a vector of class scores (1x1xclasses)");
+    }
+    params_.initialize(static_cast<std::uint64_t>(cfg_.seed));
+    state_ = buffer<float>(params_.size() * optimizer_.state_per_parameter(),
+                           {.alignment = 64, .zero_fill = true});
+  }
+
+  const Model& model() const noexcept { return model_; }
+  const config::train_config& config() const noexcept { return cfg_; }
+  model::param_store& params() noexcept { return params_; }
+  const model::param_store& params() const noexcept { return params_; }
+  std::uint64_t step() const noexcept { return step_; }
+
+  void on_step(std::function<void(const step_metrics&)> f) {
+    step_callbacks_.push_back(std::move(f));
+  }
+  void on_epoch(std::function<void(const epoch_metrics&)> f) {
+    epoch_callbacks_.push_back(std::move(f));
+  }
+
+  // Trains for config().epochs epochs in all (continuing a checkpointed run when resume is on),
+  // evaluating on `test` after every epoch.
+  template <class TrainSet, class Augment, class TestSet, class TestTransform>
+  fit_summary fit(const TrainSet& train, const Augment& augment, const TestSet& test,
+                  const TestTransform& test_transform) {
+    static_assert(data::check_dataset<TrainSet>() && data::check_dataset<TestSet>());
+    static_assert(data::check_transform<Augment>() && data::check_transform<TestTransform>());
+    const auto fit_begin = clock::now();
+    const data::subset<TrainSet> train_view(train,
+                                            static_cast<std::size_t>(cfg_.max_train_samples));
+    check_input_shape(data::dataset_traits<data::subset<TrainSet>>::shape(train_view), augment,
+                      "training");
+
+    data::distributed_sampler sampler(
+        {.dataset_size = train_view.size(),
+         .ranks = 1,
+         .rank = 0,
+         .seed = static_cast<std::uint64_t>(cfg_.seed),
+         .shuffle = true,
+         .remainder = cfg_.sampler_remainder == config::sampler_remainder_kind::pad
+                          ? data::remainder_policy::pad
+                          : data::remainder_policy::drop});
+    data::prefetch_loader loader(train_view, augment, std::move(sampler), loader_settings(false));
+    const std::uint64_t steps_per_epoch = loader.batches_per_epoch();
+    if (steps_per_epoch == 0) {
+      throw config_error({.key = "batch_size_per_gpu", .file = {}, .line = 0, .column = 0},
+                         "the training set's " + std::to_string(train_view.size()) +
+                             " samples make no batch of " +
+                             std::to_string(cfg_.batch_size_per_gpu) + " (drop_last is on)");
+    }
+    const auto epochs = static_cast<std::uint64_t>(cfg_.epochs);
+    const auto schedule = optim::make_lr_schedule(schedule_config(steps_per_epoch));
+
+    checkpoint_store store({.dir = cfg_.checkpoint_dir,
+                            .keep = static_cast<std::size_t>(cfg_.checkpoint_keep),
+                            .config_hash = config_hash(cfg_)});
+    progress bar({.enabled = options_.print_progress,
+                  .log_every = static_cast<std::uint64_t>(cfg_.log_every),
+                  .terminal = options_.terminal,
+                  .out = options_.progress_out});
+    metrics_writer metrics(cfg_.metrics_file);
+
+    fit_summary summary;
+    std::uint64_t epoch = 0;
+    std::uint64_t first_batch = 0;
+    if (cfg_.resume) {
+      if (auto resumed = resume(store, bar)) {
+        epoch = resumed->epoch;
+        first_batch = resumed->next_batch;
+        summary.resumed_from = resumed->name;
+      }
+    }
+
+    auto work = model_.make_workspace(static_cast<std::size_t>(cfg_.batch_size_per_gpu));
+    const std::size_t classes = model_.output_shape().elements();
+    buffer<float> grad_logits(static_cast<std::size_t>(cfg_.batch_size_per_gpu) * classes);
+    double train_seconds = 0.0;
+    std::size_t train_samples = 0;
+    const std::uint64_t start_step = step_;
+
+    while (epoch < epochs) {
+      loader.start_epoch(static_cast<std::uint32_t>(epoch), first_batch);
+      epoch_metrics em{.epoch = epoch};
+      double loss_sum = 0.0;
+      std::size_t correct = 0;
+      const auto epoch_begin = clock::now();
+      bool stop = false;
+      while (auto b = loader.next()) {
+        const auto compute_begin = clock::now();
+        const double lr = schedule.lr(step_);
+        const model::loss_result loss = train_step(*b, work, grad_logits, classes, lr);
+        const double compute = seconds_since(compute_begin);
+        step_metrics sm{
+            .epoch = epoch,
+            .step = step_,
+            .epoch_step = b->step,
+            .samples = b->size,
+            .loss = loss.loss_sum / static_cast<double>(b->size),
+            .accuracy = static_cast<double>(loss.correct) / static_cast<double>(b->size),
+            .lr = lr,
+            .data_seconds = b->wait_seconds,
+            .compute_seconds = compute,
+            .comm_seconds = 0.0,
+            .samples_per_second = static_cast<double>(b->size) / (b->wait_seconds + compute),
+            .peak_bytes = host{}.memory().stats().peak};
+        ++step_;
+        loss_sum += loss.loss_sum;
+        correct += loss.correct;
+        em.steps += 1;
+        em.samples += b->size;
+        em.data_seconds += sm.data_seconds;
+        em.compute_seconds += sm.compute_seconds;
+        metrics.write(sm);
+        for (auto& f : step_callbacks_) {
+          f(sm);
+        }
+        bar.step(sm, steps_per_epoch, epochs,
+                 epochs * steps_per_epoch > step_ ? epochs * steps_per_epoch - step_ : 0);
+        if (cfg_.max_steps > 0 && step_ >= static_cast<std::uint64_t>(cfg_.max_steps) &&
+            loader.next_batch() < steps_per_epoch) {
+          save(store, epoch, loader.next_batch(), bar);
+          summary.stopped_by_max_steps = true;
+          stop = true;
+          break;
+        }
+      }
+      em.seconds = seconds_since(epoch_begin);
+      train_seconds += em.seconds;
+      train_samples += em.samples;
+      if (stop) {
+        break;
+      }
+      em.train_loss = em.samples == 0 ? 0.0 : loss_sum / static_cast<double>(em.samples);
+      em.train_accuracy =
+          em.samples == 0 ? 0.0 : static_cast<double>(correct) / static_cast<double>(em.samples);
+      em.samples_per_second = em.seconds > 0.0 ? static_cast<double>(em.samples) / em.seconds : 0.0;
+      const eval_result ev = evaluate(test, test_transform);
+      em.test_loss = ev.loss;
+      em.test_accuracy = ev.accuracy;
+      em.peak_bytes = host{}.memory().stats().peak;
+      summary.test_loss = ev.loss;
+      summary.test_accuracy = ev.accuracy;
+      metrics.write(em);
+      bar.epoch(em, epochs);
+      for (auto& f : epoch_callbacks_) {
+        f(em);
+      }
+      ++epoch;
+      first_batch = 0;
+      const bool last = epoch == epochs;
+      const bool interval = cfg_.checkpoint_interval > 0 &&
+                            epoch % static_cast<std::uint64_t>(cfg_.checkpoint_interval) == 0;
+      const bool max_reached =
+          cfg_.max_steps > 0 && step_ >= static_cast<std::uint64_t>(cfg_.max_steps);
+      if (last || interval || max_reached) {
+        save(store, epoch, 0, bar);
+      }
+      if (max_reached && !last) {
+        summary.stopped_by_max_steps = true;
+        break;
+      }
+    }
+    if (summary.steps_this_run == 0 && step_ == start_step && epoch == epochs) {
+      // Resumed a finished run: report its final evaluation.
+      const eval_result ev = evaluate(test, test_transform);
+      summary.test_loss = ev.loss;
+      summary.test_accuracy = ev.accuracy;
+    }
+    summary.epochs_done = epoch;
+    summary.steps = step_;
+    summary.steps_this_run = step_ - start_step;
+    summary.samples_per_second =
+        train_seconds > 0.0 ? static_cast<double>(train_samples) / train_seconds : 0.0;
+    summary.wall_seconds = seconds_since(fit_begin);
+    summary.params_xxh3 = xxh3_hex(params_.values());
+    return summary;
+  }
+
+  // Loss and accuracy of the current parameters on `test` (the first max_eval_samples).
+  template <class TestSet, class TestTransform>
+  eval_result evaluate(const TestSet& test, const TestTransform& transform) {
+    const data::subset<TestSet> view(test, static_cast<std::size_t>(cfg_.max_eval_samples));
+    check_input_shape(data::dataset_traits<data::subset<TestSet>>::shape(view), transform, "test");
+    data::prefetch_loader loader(
+        view, transform, data::distributed_sampler({.dataset_size = view.size(), .shuffle = false}),
+        loader_settings(true));
+    const std::size_t batch = loader.config().batch_size;
+    if (eval_work_.capacity() < batch) {
+      eval_work_ = model_.make_workspace(batch);
+    }
+    const std::size_t classes = model_.output_shape().elements();
+    eval_result out;
+    double loss_sum = 0.0;
+    std::size_t correct = 0;
+    loader.start_epoch(0);
+    while (auto b = loader.next()) {
+      const auto logits = model_.forward(eval_work_, params_, b->inputs, b->size,
+                                         {.training = false,
+                                          .seed = static_cast<std::uint64_t>(cfg_.seed),
+                                          .step = 0,
+                                          .sample_ids = {}});
+      const model::loss_result r = loss_.evaluate({.batch = b->size,
+                                                   .classes = classes,
+                                                   .logits = logits,
+                                                   .labels = b->labels,
+                                                   .grad_logits = {},
+                                                   .grad_scale = 1.0f});
+      loss_sum += r.loss_sum;
+      correct += r.correct;
+      out.samples += b->size;
+    }
+    if (out.samples > 0) {
+      out.loss = loss_sum / static_cast<double>(out.samples);
+      out.accuracy = static_cast<double>(correct) / static_cast<double>(out.samples);
+    }
+    return out;
+  }
+
+ private:
+  using clock = std::chrono::steady_clock;
+
+  struct resume_point {
+    std::uint64_t epoch = 0;
+    std::uint64_t next_batch = 0;
+    std::string name{};
+  };
+
+  static double seconds_since(clock::time_point t) {
+    return std::chrono::duration<double>(clock::now() - t).count();
+  }
+
+  static optim::optimizer_choice optimizer_choice(const config::train_config& c) {
+    optim::optimizer_choice choice{};
+    choice.kind = c.optimizer == config::optimizer_kind::sgd
+                      ? optim::optimizer_choice::kind_type::sgd
+                      : optim::optimizer_choice::kind_type::adamw;
+    choice.sgd = {.momentum = c.momentum,
+                  .nesterov = c.nesterov && c.momentum > 0.0,
+                  .weight_decay = c.weight_decay};
+    choice.adamw = {.beta1 = c.adam_beta1,
+                    .beta2 = c.adam_beta2,
+                    .eps = c.adam_eps,
+                    .weight_decay = c.weight_decay};
+    return choice;
+  }
+
+  optim::lr_schedule_config schedule_config(std::uint64_t steps_per_epoch) const {
+    optim::lr_schedule_config s{};
+    switch (cfg_.lr_schedule) {
+      case config::lr_schedule_kind::constant:
+        s.kind = optim::lr_schedule_config::kind_type::constant;
+        break;
+      case config::lr_schedule_kind::step:
+        s.kind = optim::lr_schedule_config::kind_type::step;
+        break;
+      case config::lr_schedule_kind::cosine:
+        s.kind = optim::lr_schedule_config::kind_type::cosine;
+        break;
+    }
+    const double per_epoch = static_cast<double>(steps_per_epoch);
+    const auto warmup = static_cast<std::uint64_t>(cfg_.warmup_epochs * per_epoch + 0.5);
+    s.lr = cfg_.lr;
+    s.warmup_steps = static_cast<double>(warmup);
+    s.step_size = static_cast<std::uint64_t>(cfg_.lr_step_size) * steps_per_epoch;
+    s.gamma = cfg_.lr_gamma;
+    s.min_lr = cfg_.lr_min;
+    const std::uint64_t total = static_cast<std::uint64_t>(cfg_.epochs) * steps_per_epoch;
+    s.total_steps = total > warmup ? total - warmup : 1;
+    return s;
+  }
+
+  data::loader_config loader_settings(bool eval) const {
+    return {.batch_size =
+                eval ? options_.eval_batch : static_cast<std::size_t>(cfg_.batch_size_per_gpu),
+            .workers = static_cast<std::size_t>(cfg_.loader_workers),
+            .prefetch_depth = static_cast<std::size_t>(cfg_.prefetch_depth),
+            .drop_last = eval ? false : cfg_.drop_last,
+            .timeout_seconds = cfg_.loader_timeout,
+            .seed = static_cast<std::uint64_t>(cfg_.seed),
+            .alignment = 64};
+  }
+
+  template <class Transform>
+  void check_input_shape(sample_shape dataset_shape, const Transform& t, const char* which) const {
+    const sample_shape out = data::transform_traits<Transform>::output_shape(t, dataset_shape);
+    if (out != model_.input_shape()) {
+      throw std::invalid_argument(std::string("trainer: the ") + which + " samples are " +
+                                  to_string(out) + " after the transform, the model takes " +
+                                  to_string(model_.input_shape()));
+    }
+  }
+
+  // Validates the configuration, refuses what this trainer does not run, and makes the optimizer.
+  static optim::any_optimizer checked_optimizer(const config::train_config& cfg_) {
+    config::validate(cfg_);
+    refuse_unsupported(cfg_);
+    return optim::make_optimizer(optimizer_choice(cfg_));
+  }
+
+  static void refuse_unsupported(const config::train_config& cfg_) {
+    auto refuse = [](std::string key, std::string text) {
+      throw config_error({.key = std::move(key), .file = {}, .line = 0, .column = 0},
+                         std::move(text));
+    };
+    if (cfg_.world_size != 1) {
+      refuse("world_size", "this trainer runs one rank (parallel::single_rank); world_size is " +
+                               std::to_string(cfg_.world_size));
+    }
+    if (cfg_.gradient_accumulation_steps != 1) {
+      refuse("gradient_accumulation_steps",
+             "this trainer runs batch::fixed; gradient accumulation is another batch policy");
+    }
+    if (cfg_.mixed_precision_dtype != config::precision_dtype::float32) {
+      refuse("mixed_precision_dtype",
+             "this trainer runs precision::fp32; float16 and bfloat16 are other precision "
+             "policies");
+    }
+    // The config allows 1.0 for these; the update rules divide by (1 - value) or never decay.
+    if (cfg_.optimizer == config::optimizer_kind::sgd && cfg_.momentum >= 1.0) {
+      refuse("momentum", "SGD momentum must be below 1, got " + std::to_string(cfg_.momentum));
+    }
+    if (cfg_.optimizer == config::optimizer_kind::adamw &&
+        (cfg_.adam_beta1 >= 1.0 || cfg_.adam_beta2 >= 1.0)) {
+      refuse(cfg_.adam_beta1 >= 1.0 ? "adam_beta1" : "adam_beta2", "AdamW betas must be below 1");
+    }
+    if (cfg_.adaptive_batch) {
+      refuse("adaptive_batch",
+             "this trainer runs batch::fixed; the adaptive micro-batch is "
+             "another batch policy");
+    }
+  }
+
+  template <class Batch, class Workspace>
+  model::loss_result train_step(const Batch& b, Workspace& work, buffer<float>& grad_logits,
+                                std::size_t classes, double lr) {
+    static_assert(std::is_same_v<std::size_t, std::uint64_t>,
+                  "trainer: sample ids are passed as dataset indices (size_t == uint64_t)");
+    params_.zero_grads();
+    const auto logits = model_.forward(work, params_, b.inputs, b.size,
+                                       {.training = true,
+                                        .seed = static_cast<std::uint64_t>(cfg_.seed),
+                                        .step = static_cast<std::uint32_t>(step_),
+                                        .sample_ids = std::span<const std::uint64_t>(b.indices)});
+    const std::span<float> grad(grad_logits.data(), b.size * classes);
+    const model::loss_result loss =
+        loss_.evaluate({.batch = b.size,
+                        .classes = classes,
+                        .logits = logits,
+                        .labels = b.labels,
+                        .grad_logits = grad,
+                        .grad_scale = 1.0f / static_cast<float>(b.size)});
+    model_.backward(work, params_, grad);
+    optimizer_.begin_step();
+    const std::size_t per = optimizer_.state_per_parameter();
+    const std::span<float> values = params_.values();
+    const std::span<const float> grads = std::as_const(params_).grads();
+    const std::span<float> state = state_.span();
+    for (const model::param_entry& e : params_.entries()) {
+      const std::size_t n = e.spec.elements();
+      optimizer_.update({.params = values.subspan(e.offset, n),
+                         .grads = grads.subspan(e.offset, n),
+                         .state = state.subspan(e.offset * per, n * per),
+                         .lr = lr,
+                         .weight_decay = e.spec.weight_decay});
+    }
+    return loss;
+  }
+
+  void save(checkpoint_store& store, std::uint64_t epoch, std::uint64_t next_batch, progress& bar) {
+    // The position: `epoch` epochs done and `next_batch` batches of the next one (names
+    // epoch-E or epoch-E-step-B).
+    nlohmann::json state{
+        {"epoch", epoch},
+        {"next_batch", next_batch},
+        {"step", step_},
+        {"sampler",
+         {{"epoch", epoch},
+          {"position", next_batch * static_cast<std::uint64_t>(cfg_.batch_size_per_gpu)},
+          {"seed", cfg_.seed}}},
+        {"rng",
+         {{"seed", cfg_.seed},
+          {"init", "stream (seed, 0, tensor index, substream 0x1A17)"},
+          {"augmentation", "stream (seed, epoch, sample index)"},
+          {"dropout", "stream (seed, step, sample index, layer)"}}},
+        {"optimizer",
+         {{"describe", optimizer_.describe()}, {"step_count", optimizer_.step_count()}}},
+        {"lr_schedule", {{"step", step_}}},
+        {"loss_scaler", nullptr},
+        {"layout", {{"world_size", 1}, {"parallel", std::string(parallel_policy::name)}}},
+        {"params_xxh3", xxh3_hex(params_.values())}};
+    const std::span<const float> values = params_.values();
+    const std::span<const float> state_values = state_.span();
+    const checkpoint_blob blobs[] = {
+        {.name = "rank-0.params.bin", .bytes = std::as_bytes(values)},
+        {.name = "rank-0.optimizer.bin", .bytes = std::as_bytes(state_values)}};
+    const checkpoint_info info = store.save({.epoch = epoch, .step = next_batch}, state, blobs);
+    bar.message("checkpoint " + info.path.string());
+  }
+
+  std::optional<resume_point> resume(checkpoint_store& store, progress& bar) {
+    std::vector<checkpoint_error> problems;
+    std::optional<loaded_checkpoint> loaded = store.load_latest(&problems);
+    for (const auto& p : problems) {
+      bar.message(std::string("checkpoint skipped: ") + p.what());
+    }
+    if (!loaded) {
+      return std::nullopt;
+    }
+    check_config_hash(*loaded, config_hash(cfg_));
+    const nlohmann::json& s = loaded->state;
+    loaded->copy_blob("rank-0.params.bin", params_.values());
+    loaded->copy_blob("rank-0.optimizer.bin", state_.span());
+    step_ = s.at("step").get<std::uint64_t>();
+    optimizer_.set_step_count(s.at("optimizer").at("step_count").get<std::uint64_t>());
+    resume_point point{.epoch = s.at("epoch").get<std::uint64_t>(),
+                       .next_batch = s.at("next_batch").get<std::uint64_t>(),
+                       .name = loaded->info.name};
+    bar.message("resumed from " + loaded->info.path.string() + " (step " + std::to_string(step_) +
+                ")");
+    return point;
+  }
+
+  Model model_;
+  config::train_config cfg_;
+  trainer_options options_;
+  model::param_store params_;
+  optim::any_optimizer optimizer_;
+  buffer<float> state_{};
+  model::softmax_cross_entropy loss_{};
+  typename Model::workspace_type eval_work_{};
+  std::uint64_t step_ = 0;
+  std::vector<std::function<void(const step_metrics&)>> step_callbacks_{};
+  std::vector<std::function<void(const epoch_metrics&)>> epoch_callbacks_{};
+};
+
+}  // namespace strata::train

@@ -1,0 +1,676 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "strata/model/activations.hpp"
+#include "strata/model/blas.hpp"
+#include "strata/model/dropout.hpp"
+#include "strata/model/flatten.hpp"
+#include "strata/model/linear.hpp"
+#include "strata/model/softmax_cross_entropy.hpp"
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "strata/core/rng.hpp"
+#include "strata/core/shape.hpp"
+#include "strata/model/concepts.hpp"
+#include "unit/model/gradient_check.hpp"
+
+namespace {
+
+namespace sm = strata::model;
+using sm::testing::check_gradients;
+using sm::testing::gradient_check_config;
+using strata::sample_shape;
+
+constexpr sample_shape vec(std::size_t n) {
+  return {.channels = 1, .height = 1, .width = n};
+}
+
+// What a container would do for one forward: buffers sized from the traits.
+struct forward_run {
+  sample_shape out_shape{};
+  std::vector<float> output{};
+  std::vector<float> workspace{};
+};
+
+template <class L>
+forward_run run_forward(const L& l, const sample_shape& in_shape, std::size_t batch,
+                        std::span<const float> input, std::span<const float> params = {},
+                        bool training = true, sm::layer_rng_key key = {},
+                        std::span<const std::uint64_t> sample_ids = {}) {
+  using traits = sm::layer_traits<L>;
+  forward_run run;
+  run.out_shape = traits::output_shape(l, in_shape);
+  run.output.assign(batch * run.out_shape.elements(), std::numeric_limits<float>::quiet_NaN());
+  run.workspace.assign(traits::workspace_elements(l, in_shape, batch), -1.0f);
+  traits::forward(l, sm::forward_args{.batch = batch,
+                                      .in_shape = in_shape,
+                                      .out_shape = run.out_shape,
+                                      .input = input,
+                                      .output = run.output,
+                                      .params = params,
+                                      .workspace = run.workspace,
+                                      .training = training,
+                                      .rng = key,
+                                      .sample_ids = sample_ids});
+  return run;
+}
+
+std::vector<float> random_values(std::size_t n, std::uint64_t seed, float range = 1.0f) {
+  strata::rng_stream rng(seed);
+  std::vector<float> values(n);
+  for (float& v : values) {
+    v = rng.uniform(-range, range);
+  }
+  return values;
+}
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+template <class L>
+std::string error_of(const L& l, const sample_shape& in) {
+  try {
+    (void)l.output_shape(in);
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return "<no exception>";
+}
+
+}  // namespace
+
+// ---- finite-difference checks -------------------------------------------------------------------
+
+TEST_CASE("linear: backward matches central differences") {
+  SUBCASE("with bias, flat input") {
+    const auto r = check_gradients(sm::linear{.in = 5, .out = 4}, {.batch = 3, .in_shape = vec(5)});
+    CHECK_MESSAGE(r.passed(), r.report());
+    CHECK(r.probes == 3 * 5 + 4 * 5 + 4);
+  }
+  SUBCASE("without bias, a 2 x 1 x 3 input read as 6 features") {
+    const auto r = check_gradients(
+        sm::linear{.in = 6, .out = 3, .bias = false},
+        {.batch = 2, .in_shape = {.channels = 2, .height = 1, .width = 3}, .seed = 5});
+    CHECK_MESSAGE(r.passed(), r.report());
+    CHECK(r.probes == 2 * 6 + 3 * 6);
+  }
+  SUBCASE("wider, probing a subset") {
+    const auto r = check_gradients(sm::linear{.in = 40, .out = 24},
+                                   {.batch = 9, .in_shape = vec(40), .seed = 9, .max_probes = 50});
+    CHECK_MESSAGE(r.passed(), r.report());
+    CHECK(r.probes == 50 + 50 + 24);
+  }
+}
+
+TEST_CASE("relu, gelu, flatten: backward matches central differences") {
+  const sample_shape image{.channels = 2, .height = 3, .width = 2};
+  const auto relu_result = check_gradients(
+      sm::relu{},
+      {.batch = 3, .in_shape = image, .input_range = 2.0f, .input_min_magnitude = 0.05f});
+  CHECK_MESSAGE(relu_result.passed(), relu_result.report());
+  CHECK(relu_result.probes == 36);
+
+  const auto gelu_result =
+      check_gradients(sm::gelu{}, {.batch = 3, .in_shape = image, .input_range = 4.0f});
+  CHECK_MESSAGE(gelu_result.passed(), gelu_result.report());
+
+  const auto flatten_result = check_gradients(sm::flatten{}, {.batch = 2, .in_shape = image});
+  CHECK_MESSAGE(flatten_result.passed(), flatten_result.report());
+}
+
+TEST_CASE("dropout: backward matches central differences in training and evaluation") {
+  const sample_shape shape{.channels = 3, .height = 2, .width = 4};
+  const auto training = check_gradients(sm::dropout{.rate = 0.3}, {.batch = 4, .in_shape = shape});
+  CHECK_MESSAGE(training.passed(), training.report());
+  const auto evaluation =
+      check_gradients(sm::dropout{.rate = 0.3}, {.batch = 4, .in_shape = shape, .training = false});
+  CHECK_MESSAGE(evaluation.passed(), evaluation.report());
+}
+
+// ---- the checker itself catches broken layers ---------------------------------------------------
+
+namespace {
+
+// y = x * s with one parameter s; the flaw chosen breaks one part of the contract.
+enum class flaw { none, overwrites_grads, wrong_grad_input, skips_grad_input_half };
+
+template <flaw Flaw>
+struct scale_layer {
+  using layer_category = sm::layer_tag;
+
+  sample_shape output_shape(const sample_shape& in) const { return in; }
+  std::vector<sm::param_spec> parameters(const sample_shape&) const {
+    return {sm::param_spec{.name = "scale", .rows = 1, .cols = 1}};
+  }
+  void forward(const sm::forward_args& a) const {
+    for (std::size_t i = 0; i < a.input.size(); ++i) {
+      a.output[i] = a.input[i] * a.params[0];
+    }
+  }
+  void backward(const sm::backward_args& a) const {
+    float ds = 0.0f;
+    for (std::size_t i = 0; i < a.input.size(); ++i) {
+      ds += a.grad_output[i] * a.input[i];
+    }
+    if (Flaw == flaw::overwrites_grads) {
+      a.grads[0] = ds;
+    } else {
+      a.grads[0] += ds;
+    }
+    const std::size_t written =
+        Flaw == flaw::skips_grad_input_half ? a.grad_input.size() / 2 : a.grad_input.size();
+    for (std::size_t i = 0; i < written; ++i) {
+      const float g = a.grad_output[i] * a.params[0];
+      a.grad_input[i] = Flaw == flaw::wrong_grad_input ? -g : g;
+    }
+  }
+  friend bool operator==(const scale_layer&, const scale_layer&) = default;
+};
+
+static_assert(sm::check_layer<scale_layer<flaw::none>>());
+
+}  // namespace
+
+TEST_CASE("gradient_check reports layers that break the backward contract") {
+  const gradient_check_config config{.batch = 2, .in_shape = vec(3)};
+  const auto good = check_gradients(scale_layer<flaw::none>{}, config);
+  CHECK_MESSAGE(good.passed(), good.report());
+
+  const auto overwrites = check_gradients(scale_layer<flaw::overwrites_grads>{}, config);
+  CHECK_FALSE(overwrites.passed());
+  REQUIRE_FALSE(overwrites.problems.empty());
+  CHECK(contains(overwrites.report(), "does not add into grads"));
+
+  const auto wrong = check_gradients(scale_layer<flaw::wrong_grad_input>{}, config);
+  CHECK_FALSE(wrong.passed());
+  CHECK(wrong.mismatches == 6);
+  CHECK(contains(wrong.report(), "grad_input[0]"));
+
+  const auto half = check_gradients(scale_layer<flaw::skips_grad_input_half>{}, config);
+  CHECK_FALSE(half.passed());
+  CHECK(half.mismatches == 3);
+  CHECK(contains(half.report(), "grad_input[5]"));
+
+  gradient_check_config short_input = config;
+  short_input.input = {1.0f, 2.0f};
+  const auto bad_config = check_gradients(scale_layer<flaw::none>{}, short_input);
+  CHECK_FALSE(bad_config.passed());
+  CHECK(contains(bad_config.report(), "config.input holds 2 floats, expected 6"));
+}
+
+// ---- linear -------------------------------------------------------------------------------------
+
+TEST_CASE("linear: a hand-computed example, forward and backward") {
+  const sm::linear l{.in = 2, .out = 3};
+  const std::vector<float> x = {1.0f, -1.0f, 2.0f, 0.5f};
+  // weight (3 x 2) then bias (3)
+  const std::vector<float> params = {1.0f, 2.0f, 3.0f, 4.0f, 5.0f, 6.0f, 0.5f, -1.0f, 2.0f};
+  const auto run = run_forward(l, vec(2), 2, x, params);
+  CHECK(run.out_shape == vec(3));
+  CHECK(run.workspace.empty());
+  CHECK(run.output == std::vector<float>{-0.5f, -2.0f, 1.0f, 3.5f, 7.0f, 15.0f});
+
+  const std::vector<float> dy = {1.0f, 0.0f, -1.0f, 2.0f, 1.0f, 0.0f};
+  std::vector<float> grads(9, 1.0f);
+  std::vector<float> dx(4, std::numeric_limits<float>::quiet_NaN());
+  l.backward({.batch = 2,
+              .in_shape = vec(2),
+              .out_shape = vec(3),
+              .input = x,
+              .output = run.output,
+              .grad_output = dy,
+              .grad_input = dx,
+              .params = params,
+              .grads = grads,
+              .workspace = {}});
+  // dW = dy^T x, db = column sums of dy, each plus the 1 already there; dx = dy W.
+  CHECK(grads == std::vector<float>{6.0f, 1.0f, 3.0f, 1.5f, 0.0f, 2.0f, 4.0f, 2.0f, 0.0f});
+  CHECK(dx == std::vector<float>{-4.0f, -4.0f, 5.0f, 8.0f});
+
+  // Without grad_input, the parameter gradients still accumulate.
+  l.backward({.batch = 2,
+              .in_shape = vec(2),
+              .out_shape = vec(3),
+              .input = x,
+              .output = run.output,
+              .grad_output = dy,
+              .grad_input = {},
+              .params = params,
+              .grads = grads,
+              .workspace = {}});
+  CHECK(grads == std::vector<float>{11.0f, 1.0f, 5.0f, 2.0f, -1.0f, 3.0f, 7.0f, 3.0f, -1.0f});
+}
+
+TEST_CASE("linear: the GEMM path agrees with a double-precision loop") {
+  const sm::linear l{.in = 33, .out = 17};
+  const std::size_t batch = 19;
+  const auto x = random_values(batch * 33, 1);
+  const auto params = random_values(17 * 33 + 17, 2);
+  const auto run = run_forward(l, vec(33), batch, x, params);
+  double worst = 0.0;
+  for (std::size_t b = 0; b < batch; ++b) {
+    for (std::size_t o = 0; o < 17; ++o) {
+      double y = params[17 * 33 + o];
+      for (std::size_t i = 0; i < 33; ++i) {
+        y += static_cast<double>(x[b * 33 + i]) * params[o * 33 + i];
+      }
+      worst = std::max(worst, std::abs(y - run.output[b * 17 + o]));
+    }
+  }
+  CHECK(worst < 1e-5);
+}
+
+TEST_CASE("linear: batch 0 touches nothing") {
+  const sm::linear l{.in = 3, .out = 2};
+  std::vector<float> params(8, 1.0f);
+  std::vector<float> grads(8, 2.0f);
+  l.forward({.batch = 0, .in_shape = vec(3), .out_shape = vec(2), .params = params});
+  l.backward(
+      {.batch = 0, .in_shape = vec(3), .out_shape = vec(2), .params = params, .grads = grads});
+  CHECK(grads == std::vector<float>(8, 2.0f));
+}
+
+TEST_CASE("linear: parameters, shapes, printing") {
+  const sm::linear l{.in = 784, .out = 10};
+  const auto specs = sm::layer_traits<sm::linear>::parameters(l, vec(784));
+  REQUIRE(specs.size() == 2);
+  CHECK(specs[0] == sm::param_spec{.name = "weight",
+                                   .rows = 10,
+                                   .cols = 784,
+                                   .init = sm::init_kind::kaiming_uniform,
+                                   .fan_in = 784,
+                                   .fan_out = 10,
+                                   .weight_decay = true});
+  CHECK(specs[1] == sm::param_spec{.name = "bias",
+                                   .rows = 1,
+                                   .cols = 10,
+                                   .init = sm::init_kind::uniform_fan_in,
+                                   .fan_in = 784,
+                                   .fan_out = 10,
+                                   .weight_decay = false});
+  const auto no_bias = sm::linear{.in = 4, .out = 2, .bias = false}.parameters(vec(4));
+  REQUIRE(no_bias.size() == 1);
+  CHECK(no_bias[0].name == "weight");
+  CHECK(no_bias[0].elements() == 8);
+
+  CHECK(l.output_shape({.channels = 1, .height = 28, .width = 28}) == vec(10));
+  CHECK(to_string(l) == "linear{.in = 784, .out = 10, .bias = true}");
+  CHECK(to_string(sm::linear{.in = 3, .out = 1, .bias = false}) ==
+        "linear{.in = 3, .out = 1, .bias = false}");
+  CHECK(l == sm::linear{.in = 784, .out = 10, .bias = true});
+  CHECK_FALSE(l == sm::linear{.in = 784, .out = 10, .bias = false});
+}
+
+TEST_CASE("linear: output_shape names the numbers it rejects") {
+  const std::string wrong =
+      error_of(sm::linear{.in = 20, .out = 5}, {.channels = 2, .height = 3, .width = 4});
+  CHECK(contains(wrong, "linear"));
+  CHECK(contains(wrong, "2x3x4"));
+  CHECK(contains(wrong, "24 elements"));
+  CHECK(contains(wrong, "in = 20"));
+  CHECK(contains(error_of(sm::linear{.in = 0, .out = 5}, vec(1)), "linear: in must be at least 1"));
+  CHECK(
+      contains(error_of(sm::linear{.in = 3, .out = 0}, vec(3)), "linear: out must be at least 1"));
+}
+
+// ---- activations, flatten -----------------------------------------------------------------------
+
+TEST_CASE("relu: values and the gradient mask, 0 counting as inactive") {
+  const std::vector<float> x = {-2.0f, -0.0f, 0.0f, 0.25f, 3.0f, -1e-30f};
+  const auto run = run_forward(sm::relu{}, vec(3), 2, x);
+  CHECK(run.output == std::vector<float>{0.0f, 0.0f, 0.0f, 0.25f, 3.0f, 0.0f});
+
+  const std::vector<float> dy = {1.0f, 2.0f, 3.0f, 4.0f, 5.0f, 6.0f};
+  std::vector<float> dx(6, std::numeric_limits<float>::quiet_NaN());
+  sm::relu{}.backward({.batch = 2,
+                       .in_shape = vec(3),
+                       .out_shape = vec(3),
+                       .input = x,
+                       .output = run.output,
+                       .grad_output = dy,
+                       .grad_input = dx});
+  CHECK(dx == std::vector<float>{0.0f, 0.0f, 0.0f, 4.0f, 5.0f, 0.0f});
+}
+
+TEST_CASE("gelu: the tanh approximation's values, and its distance from the erf form") {
+  const std::vector<float> x = {0.0f, 1.0f, -1.0f, 2.0f, 10.0f, -10.0f};
+  const auto run = run_forward(sm::gelu{}, vec(6), 1, x);
+  CHECK(run.output[0] == 0.0f);
+  CHECK(run.output[1] == doctest::Approx(0.8411920).epsilon(1e-6));
+  CHECK(run.output[2] == doctest::Approx(-0.1588080).epsilon(1e-5));
+  CHECK(run.output[3] == doctest::Approx(1.9545977).epsilon(1e-6));
+  CHECK(run.output[4] == 10.0f);
+  CHECK(std::abs(run.output[5]) < 1e-5f);
+
+  std::vector<float> grid;
+  for (int k = -600; k <= 600; ++k) {
+    grid.push_back(static_cast<float>(k) * 0.01f);
+  }
+  const auto grid_run = run_forward(sm::gelu{}, vec(grid.size()), 1, grid);
+  double worst = 0.0;
+  for (std::size_t i = 0; i < grid.size(); ++i) {
+    const double v = grid[i];
+    const double exact = 0.5 * v * (1.0 + std::erf(v / std::sqrt(2.0)));
+    worst = std::max(worst, std::abs(exact - grid_run.output[i]));
+  }
+  CHECK(worst < 1e-3);
+  CHECK(worst > 1e-5);  // it is the approximation, not the erf form
+}
+
+TEST_CASE("flatten: shape and copies") {
+  const sample_shape image{.channels = 2, .height = 2, .width = 3};
+  CHECK(sm::flatten{}.output_shape(image) == vec(12));
+  const auto x = random_values(24, 4);
+  const auto run = run_forward(sm::flatten{}, image, 2, x);
+  CHECK(run.output == x);
+  std::vector<float> dx(24, 0.0f);
+  sm::flatten{}.backward({.batch = 2,
+                          .in_shape = image,
+                          .out_shape = vec(12),
+                          .input = x,
+                          .output = run.output,
+                          .grad_output = x,
+                          .grad_input = dx});
+  CHECK(dx == x);
+}
+
+TEST_CASE("shape-preserving layers reject dimensions of 0") {
+  const sample_shape empty{.channels = 0, .height = 2, .width = 2};
+  CHECK(contains(error_of(sm::relu{}, empty), "relu: input shape"));
+  CHECK(contains(error_of(sm::gelu{}, empty), "gelu: input shape"));
+  CHECK(contains(error_of(sm::flatten{}, empty), "flatten: input shape"));
+  CHECK(contains(error_of(sm::dropout{}, empty), "0x2x2"));
+}
+
+// ---- dropout ------------------------------------------------------------------------------------
+
+TEST_CASE("dropout: keeps 1 - rate of the elements, scaled by 1 / (1 - rate)") {
+  const sm::dropout d{.rate = 0.3};
+  const std::size_t batch = 64;
+  const std::size_t n = 1000;
+  const std::vector<float> x(batch * n, 2.0f);
+  const auto run = run_forward(d, vec(n), batch, x, {}, true, {.seed = 3, .step = 1, .layer = 4});
+  REQUIRE(run.workspace.size() == batch * n);
+  const float scale = static_cast<float>(1.0 / 0.7);
+  std::size_t kept = 0;
+  std::size_t other = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    if (run.output[i] == 0.0f && run.workspace[i] == 0.0f) {
+      continue;
+    }
+    if (run.output[i] == 2.0f * scale && run.workspace[i] == scale) {
+      ++kept;
+    } else {
+      ++other;
+    }
+  }
+  CHECK(other == 0);
+  // 64000 draws: the standard deviation of the kept fraction is 0.0018.
+  CHECK(static_cast<double>(kept) / static_cast<double>(x.size()) ==
+        doctest::Approx(0.7).epsilon(0.015));
+}
+
+TEST_CASE("dropout: the mask is a function of (seed, step, layer, sample id) only") {
+  const sm::dropout d{.rate = 0.5};
+  const std::size_t n = 256;
+  const std::vector<float> x(3 * n, 1.0f);
+  const sm::layer_rng_key key{.seed = 42, .step = 7, .layer = 1};
+  const auto first = run_forward(d, vec(n), 3, x, {}, true, key);
+  const auto again = run_forward(d, vec(n), 3, x, {}, true, key);
+  CHECK(first.output == again.output);
+  CHECK(first.workspace == again.workspace);
+
+  const auto differing = [&](const std::vector<float>& other) {
+    std::size_t count = 0;
+    for (std::size_t i = 0; i < first.workspace.size(); ++i) {
+      count += first.workspace[i] != other[i] ? 1 : 0;
+    }
+    return count;
+  };
+  // Independent masks of rate 0.5 differ in about half the places.
+  CHECK(differing(
+            run_forward(d, vec(n), 3, x, {}, true, {.seed = 42, .step = 8, .layer = 1}).workspace) >
+        250);
+  CHECK(differing(
+            run_forward(d, vec(n), 3, x, {}, true, {.seed = 43, .step = 7, .layer = 1}).workspace) >
+        250);
+  CHECK(differing(
+            run_forward(d, vec(n), 3, x, {}, true, {.seed = 42, .step = 7, .layer = 2}).workspace) >
+        250);
+
+  // Samples differ from each other, and a sample keeps its mask at another batch position.
+  const std::span<const float> sample0(first.workspace.data(), n);
+  const std::span<const float> sample1(first.workspace.data() + n, n);
+  std::size_t between = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    between += sample0[i] != sample1[i] ? 1 : 0;
+  }
+  CHECK(between > 80);
+  const std::vector<std::uint64_t> ids = {9, 1, 0};
+  const auto moved = run_forward(d, vec(n), 3, x, {}, true, key, ids);
+  CHECK(std::vector<float>(moved.workspace.begin() + 2 * n, moved.workspace.end()) ==
+        std::vector<float>(sample0.begin(), sample0.end()));
+  CHECK(std::vector<float>(moved.workspace.begin() + n, moved.workspace.begin() + 2 * n) ==
+        std::vector<float>(sample1.begin(), sample1.end()));
+
+  // One word per element: a longer sample starts with the shorter one's mask.
+  const std::vector<float> shorter_x(100, 1.0f);
+  const auto shorter = run_forward(d, vec(100), 1, shorter_x, {}, true, key);
+  CHECK(shorter.workspace == std::vector<float>(sample0.begin(), sample0.begin() + 100));
+}
+
+TEST_CASE("dropout: backward applies the forward mask; evaluation and rate 0 are the identity") {
+  const sm::dropout d{.rate = 0.25};
+  const auto x = random_values(2 * 50, 6);
+  auto run = run_forward(d, vec(50), 2, x, {}, true, {.seed = 1});
+  const auto dy = random_values(2 * 50, 7);
+  std::vector<float> dx(100, std::numeric_limits<float>::quiet_NaN());
+  d.backward({.batch = 2,
+              .in_shape = vec(50),
+              .out_shape = vec(50),
+              .input = x,
+              .output = run.output,
+              .grad_output = dy,
+              .grad_input = dx,
+              .workspace = run.workspace});
+  std::size_t dropped = 0;
+  for (std::size_t i = 0; i < 100; ++i) {
+    CHECK(dx[i] == dy[i] * run.workspace[i]);
+    CHECK((run.output[i] == 0.0f) == (dx[i] == 0.0f));
+    dropped += dx[i] == 0.0f ? 1 : 0;
+  }
+  CHECK(dropped > 5);
+  CHECK(dropped < 50);
+
+  const auto eval = run_forward(d, vec(50), 2, x, {}, false, {.seed = 1});
+  CHECK(eval.output == x);
+  CHECK(eval.workspace == std::vector<float>(100, 1.0f));
+
+  const auto none = run_forward(sm::dropout{.rate = 0.0}, vec(50), 2, x, {}, true, {.seed = 1});
+  CHECK(none.output == x);
+}
+
+TEST_CASE("dropout: rate must be in [0, 1)") {
+  CHECK(contains(error_of(sm::dropout{.rate = 1.0}, vec(3)),
+                 "dropout: rate must be in [0, 1), got 1"));
+  CHECK(contains(error_of(sm::dropout{.rate = -0.1}, vec(3)), "got -0.1"));
+  CHECK(contains(error_of(sm::dropout{.rate = std::numeric_limits<double>::quiet_NaN()}, vec(3)),
+                 "got nan"));
+  CHECK(sm::dropout{.rate = 0.0}.output_shape(vec(3)) == vec(3));
+  CHECK(to_string(sm::dropout{.rate = 0.1}) == "dropout{.rate = 0.1}");
+  CHECK(sm::dropout{} == sm::dropout{.rate = 0.5});
+}
+
+// ---- costs --------------------------------------------------------------------------------------
+
+TEST_CASE("layer costs per sample") {
+  using sm::layer_cost;
+  CHECK(sm::layer_traits<sm::linear>::cost(sm::linear{.in = 10, .out = 4}, vec(10)) ==
+        layer_cost{.forward_flops = 80.0, .backward_flops = 160.0, .activation_bytes = 16});
+  const sample_shape image{.channels = 2, .height = 3, .width = 5};
+  CHECK(sm::relu{}.cost(image) ==
+        layer_cost{.forward_flops = 30.0, .backward_flops = 30.0, .activation_bytes = 120});
+  CHECK(sm::gelu{}.cost(image) ==
+        layer_cost{.forward_flops = 270.0, .backward_flops = 540.0, .activation_bytes = 120});
+  CHECK(sm::flatten{}.cost(image) ==
+        layer_cost{.forward_flops = 0.0, .backward_flops = 0.0, .activation_bytes = 120});
+  CHECK(sm::dropout{}.cost(image) ==
+        layer_cost{.forward_flops = 30.0, .backward_flops = 30.0, .activation_bytes = 240});
+  CHECK(sm::layer_traits<sm::dropout>::workspace_elements(sm::dropout{}, image, 7) == 210);
+  CHECK(sm::layer_traits<sm::relu>::workspace_elements(sm::relu{}, image, 7) == 0);
+  CHECK(sm::layer_traits<sm::relu>::parameters(sm::relu{}, image).empty());
+}
+
+// ---- softmax_cross_entropy ----------------------------------------------------------------------
+
+TEST_CASE("softmax_cross_entropy: a hand-computed batch") {
+  const std::vector<float> logits = {1.0f, 2.0f, 3.0f, 2.0f, 1.0f, 0.0f};
+  const std::vector<std::int32_t> labels = {2, 1};
+  std::vector<float> grad(6, std::numeric_limits<float>::quiet_NaN());
+  const sm::loss_result r = sm::softmax_cross_entropy{}.evaluate({.batch = 2,
+                                                                  .classes = 3,
+                                                                  .logits = logits,
+                                                                  .labels = labels,
+                                                                  .grad_logits = grad,
+                                                                  .grad_scale = 0.5f});
+  // log(e + e^2 + e^3) - 3 = log(1 + e^-1 + e^-2), and the same sum minus 1 for the second.
+  const double log_sum = std::log(1.0 + std::exp(-1.0) + std::exp(-2.0));
+  CHECK(r.loss_sum == doctest::Approx(log_sum + (log_sum + 1.0)).epsilon(1e-12));
+  CHECK(r.correct == 1);
+  CHECK(r.samples == 2);
+  CHECK(r.mean_loss() == doctest::Approx(log_sum + 0.5).epsilon(1e-12));
+  CHECK(r.accuracy() == 0.5);
+  // softmax(1, 2, 3) = (0.0900306, 0.2447285, 0.6652410).
+  const std::vector<double> expected = {0.0900306, 0.2447285,       0.6652410 - 1.0,
+                                        0.6652410, 0.2447285 - 1.0, 0.0900306};
+  for (std::size_t i = 0; i < 6; ++i) {
+    CHECK(grad[i] == doctest::Approx(0.5 * expected[i]).epsilon(1e-5));
+  }
+
+  // Without grad_logits only the numbers come back.
+  const auto numbers_only = sm::softmax_cross_entropy{}.evaluate(
+      {.batch = 2, .classes = 3, .logits = logits, .labels = labels});
+  CHECK(numbers_only == r);
+}
+
+TEST_CASE("softmax_cross_entropy: ties go to the lowest index") {
+  const std::vector<float> logits = {1.0f, 1.0f, 0.0f, 0.0f, 2.0f, 2.0f, 3.0f, 3.0f, 3.0f};
+  // Argmaxes 0, 1, 0: the first and the last sample are correct.
+  const std::vector<std::int32_t> labels = {0, 2, 0};
+  const auto r = sm::softmax_cross_entropy{}.evaluate(
+      {.batch = 3, .classes = 3, .logits = logits, .labels = labels});
+  CHECK(r.correct == 2);
+}
+
+TEST_CASE("softmax_cross_entropy: the gradient matches central differences of the loss") {
+  const std::size_t batch = 4;
+  const std::size_t classes = 7;
+  auto logits = random_values(batch * classes, 12, 3.0f);
+  const std::vector<std::int32_t> labels = {0, 6, 3, 3};
+  const float scale = 0.25f;
+  std::vector<float> grad(batch * classes);
+  sm::softmax_cross_entropy{}.evaluate({.batch = batch,
+                                        .classes = classes,
+                                        .logits = logits,
+                                        .labels = labels,
+                                        .grad_logits = grad,
+                                        .grad_scale = scale});
+  const auto loss = [&]() {
+    return sm::softmax_cross_entropy{}
+        .evaluate({.batch = batch, .classes = classes, .logits = logits, .labels = labels})
+        .loss_sum;
+  };
+  for (std::size_t i = 0; i < logits.size(); ++i) {
+    const float original = logits[i];
+    const float up = original + 1e-3f;
+    const float down = original - 1e-3f;
+    logits[i] = up;
+    const double loss_up = loss();
+    logits[i] = down;
+    const double loss_down = loss();
+    logits[i] = original;
+    const double numeric = scale * (loss_up - loss_down) / (double{up} - double{down});
+    CHECK(grad[i] == doctest::Approx(numeric).epsilon(1e-3).scale(1e-3));
+  }
+}
+
+TEST_CASE("softmax_cross_entropy: stable for logits of 1e4; gradient may overwrite the logits") {
+  std::vector<float> logits = {1e4f, 0.0f, -1e4f, 1e4f, 1e4f, 1e4f};
+  const std::vector<std::int32_t> labels = {1, 2};
+  std::vector<float> grad(6);
+  const auto r = sm::softmax_cross_entropy{}.evaluate(
+      {.batch = 2, .classes = 3, .logits = logits, .labels = labels, .grad_logits = grad});
+  CHECK(std::isfinite(r.loss_sum));
+  CHECK(r.loss_sum == doctest::Approx(1e4 + std::log(3.0)).epsilon(1e-12));
+  CHECK(grad == std::vector<float>{1.0f, -1.0f, 0.0f, 1.0f / 3.0f, 1.0f / 3.0f, -2.0f / 3.0f});
+
+  const std::vector<std::int32_t> first_class = {0};
+  const auto easy = sm::softmax_cross_entropy{}.evaluate(
+      {.batch = 1, .classes = 3, .logits = std::span(logits).first(3), .labels = first_class});
+  CHECK(easy.loss_sum == 0.0);
+  CHECK(easy.correct == 1);
+
+  // In place: the gradient written over the logits equals the one written elsewhere.
+  const auto in_place = sm::softmax_cross_entropy{}.evaluate(
+      {.batch = 2, .classes = 3, .logits = logits, .labels = labels, .grad_logits = logits});
+  CHECK(in_place == r);
+  CHECK(logits == grad);
+}
+
+TEST_CASE("softmax_cross_entropy: bad labels and sizes throw before writing anything") {
+  const std::vector<float> logits(12, 0.5f);
+  std::vector<float> grad(12, 9.0f);
+  const auto message = [&](std::size_t batch, std::vector<std::int32_t> labels,
+                           std::size_t classes = 3, std::span<float> g = {}) {
+    try {
+      sm::softmax_cross_entropy{}.evaluate({.batch = batch,
+                                            .classes = classes,
+                                            .logits = logits,
+                                            .labels = labels,
+                                            .grad_logits = g});
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("<no exception>");
+  };
+  CHECK(message(4, {0, 1, -1, 2}, 3, grad) ==
+        "softmax_cross_entropy: label of sample 2 is -1, outside [0, 3)");
+  CHECK(grad == std::vector<float>(12, 9.0f));
+  CHECK(message(4, {0, 1, 2, 3}) ==
+        "softmax_cross_entropy: label of sample 3 is 3, outside [0, 3)");
+  CHECK(contains(message(3, {0, 1, 2}), "logits must hold batch x classes = 9 floats, got 12"));
+  CHECK(contains(message(3, {0, 0}, 4), "labels must hold batch = 3 values, got 2"));
+  CHECK(contains(message(4, {0, 1, 2, 0}, 3, std::span(grad).first(5)),
+                 "grad_logits must be empty or hold batch x classes = 12 floats, got 5"));
+  CHECK(contains(message(0, {}, 0), "classes must be at least 1, got 0"));
+}
+
+TEST_CASE("loss_result accumulates micro-batches") {
+  sm::loss_result total{};
+  total += {.loss_sum = 1.5, .correct = 2, .samples = 4};
+  total += {.loss_sum = 0.5, .correct = 1, .samples = 4};
+  CHECK(total == sm::loss_result{.loss_sum = 2.0, .correct = 3, .samples = 8});
+  CHECK(total.mean_loss() == 0.25);
+  CHECK(total.accuracy() == 0.375);
+  CHECK(sm::loss_result{}.mean_loss() == 0.0);
+  CHECK(to_string(total) == "loss_result{.loss_sum = 2, .correct = 3, .samples = 8}");
+}
+
+// ---- blas ---------------------------------------------------------------------------------------
+
+TEST_CASE("blas_backend names the GEMM in use") {
+#if defined(STRATA_BLAS_OPENBLAS)
+  CHECK(sm::blas_backend() == "OpenBLAS (EIGEN_USE_BLAS)");
+#else
+  CHECK(sm::blas_backend() == "Eigen (built-in GEMM)");
+#endif
+}

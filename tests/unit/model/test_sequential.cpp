@@ -1,0 +1,149 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "strata/model/sequential.hpp"
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <stdexcept>
+#include <vector>
+
+#include "strata/core/rng.hpp"
+#include "strata/model/layers.hpp"
+
+namespace sm = strata::model;
+
+namespace {
+
+auto tiny() {
+  return sm::sequential(strata::sample_shape{.channels = 2, .height = 3, .width = 3}, sm::flatten{},
+                        sm::linear{.in = 18, .out = 7}, sm::gelu{}, sm::dropout{.rate = 0.25},
+                        sm::linear{.in = 7, .out = 3});
+}
+
+std::vector<float> random_floats(std::size_t n, std::uint64_t seed) {
+  strata::rng_stream rng(seed);
+  std::vector<float> v(n);
+  for (float& x : v) {
+    x = rng.uniform(-1.0f, 1.0f);
+  }
+  return v;
+}
+
+// sum(output * weights) for the model at its current parameters.
+double objective(const auto& model, sm::sequential_workspace& w, const sm::param_store& params,
+                 const std::vector<float>& input, std::size_t batch,
+                 const std::vector<float>& weights) {
+  const auto out = model.forward(w, params, input, batch, {.training = true, .seed = 5, .step = 2});
+  double sum = 0.0;
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    sum += static_cast<double>(out[i]) * weights[i];
+  }
+  return sum;
+}
+
+}  // namespace
+
+TEST_CASE("shapes, parameters and costs come from the layers") {
+  const auto model = tiny();
+  CHECK(model.input_shape() == strata::sample_shape{2, 3, 3});
+  CHECK(model.output_shape() == strata::sample_shape{1, 1, 3});
+  CHECK(model.shapes()[2] == strata::sample_shape{1, 1, 7});
+  const auto params = model.make_params();
+  CHECK(params.parameter_count() == 18 * 7 + 7 + 7 * 3 + 3);
+  CHECK(params.entry("1.weight").spec.rows == 7);
+  CHECK(params.entry("4.bias").spec.cols == 3);
+  CHECK(params.group_values(0).empty());
+  CHECK(model.total_cost().forward_flops ==
+        doctest::Approx(2.0 * 18 * 7 + 2.0 * 7 * 3 + 9.0 * 7 + 1.0 * 7));
+  CHECK(model.workspace_floats(4) == model.make_workspace(4).floats());
+  CHECK_THROWS_WITH_AS(sm::sequential(strata::sample_shape{1, 1, 5}, sm::linear{.in = 4, .out = 2}),
+                       doctest::Contains("layer 0 (input 1x1x5)"), std::invalid_argument);
+}
+
+TEST_CASE("forward is the layers in order; backward matches finite differences") {
+  const auto model = tiny();
+  auto params = model.make_params();
+  params.initialize(11);
+  const std::size_t batch = 3;
+  auto w = model.make_workspace(4);
+  const auto input = random_floats(batch * 18, 1);
+  const auto weights = random_floats(batch * 3, 2);
+
+  // Forward by hand through the same layers.
+  const auto out = model.forward(w, params, input, batch, {.training = false});
+  std::vector<float> h(batch * 7);
+  const sm::linear first{.in = 18, .out = 7};
+  const std::vector<float> first_params(params.group_values(1).begin(),
+                                        params.group_values(1).end());
+  sm::forward_args a;
+  a.batch = batch;
+  a.in_shape = {1, 1, 18};
+  a.out_shape = {1, 1, 7};
+  a.input = input;
+  a.output = h;
+  a.params = first_params;
+  first.forward(a);
+  std::vector<float> g(h.size());
+  a.in_shape = a.out_shape;
+  a.input = h;
+  a.output = g;
+  a.params = {};
+  sm::gelu{}.forward(a);
+  std::vector<float> o(batch * 3);
+  a.out_shape = {1, 1, 3};
+  a.input = g;
+  a.output = o;
+  a.params = params.group_values(4);
+  sm::linear{.in = 7, .out = 3}.forward(a);
+  CHECK(std::vector<float>(out.begin(), out.end()) == o);  // dropout is off in evaluation
+
+  // Backward (training, dropout on) against central differences on every parameter.
+  params.zero_grads();
+  const auto trained =
+      model.forward(w, params, input, batch, {.training = true, .seed = 5, .step = 2});
+  std::vector<float> grad_out(weights.begin(), weights.end());
+  REQUIRE(trained.size() == grad_out.size());
+  model.backward(w, params, grad_out);
+  const std::vector<float> analytic(params.grads().begin(), params.grads().end());
+  const float eps = 1e-2f;
+  std::size_t checked = 0;
+  for (const auto& e : params.entries()) {
+    for (std::size_t i = 0; i < e.spec.elements(); i += 3) {
+      float& p = params.values()[e.offset + i];
+      const float saved = p;
+      p = saved + eps;
+      const double up = objective(model, w, params, input, batch, weights);
+      p = saved - eps;
+      const double down = objective(model, w, params, input, batch, weights);
+      p = saved;
+      const double numeric = (up - down) / (2.0 * eps);
+      CHECK(analytic[e.offset + i] == doctest::Approx(numeric).epsilon(2e-2).scale(1e-2));
+      ++checked;
+    }
+  }
+  CHECK(checked > 50);
+}
+
+TEST_CASE("backward adds, and misuse is refused with the numbers") {
+  const auto model = tiny();
+  auto params = model.make_params();
+  params.initialize(3);
+  auto w = model.make_workspace(2);
+  const auto input = random_floats(2 * 18, 4);
+  std::vector<float> grad_out(2 * 3, 1.0f);
+  CHECK_THROWS_AS(model.backward(w, params, grad_out), std::logic_error);
+  model.forward(w, params, input, 2);
+  model.backward(w, params, grad_out);
+  const std::vector<float> once(params.grads().begin(), params.grads().end());
+  model.forward(w, params, input, 2);
+  model.backward(w, params, grad_out);
+  for (std::size_t i = 0; i < once.size(); ++i) {
+    CHECK(params.grads()[i] == doctest::Approx(2.0 * once[i]));
+  }
+  CHECK_THROWS_WITH_AS(model.forward(w, params, input, 3),
+                       doctest::Contains("batch 3 is outside 1..2"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(model.forward(w, params, std::vector<float>(5), 1),
+                       doctest::Contains("input has 5 floats"), std::invalid_argument);
+  CHECK_THROWS_AS(model.backward(w, params, std::vector<float>(5)), std::invalid_argument);
+}

@@ -1,0 +1,215 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "strata/train/trainer.hpp"
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "strata/data/transforms.hpp"
+#include "strata/model/layers.hpp"
+#include "strata/model/sequential.hpp"
+
+namespace fs = std::filesystem;
+namespace sd = strata::data;
+namespace sm = strata::model;
+namespace st = strata::train;
+
+namespace {
+
+// Four Gaussian blobs in 8 dimensions, one per class; sample i is fixed by i.
+struct blobs {
+  using dataset_category = sd::dataset_tag;
+  std::size_t n = 512;
+  std::uint64_t salt = 0;
+  std::size_t size() const { return n; }
+  strata::sample_shape shape() const { return {.channels = 1, .height = 1, .width = 8}; }
+  std::int32_t read(std::size_t i, std::span<float> out) const {
+    const auto label = static_cast<std::int32_t>(i % 4);
+    strata::rng_stream rng = strata::rng_stream::for_sample(99 + salt, 0, i);
+    for (std::size_t e = 0; e < 8; ++e) {
+      const float centre = (e % 4 == static_cast<std::size_t>(label)) ? 2.0f : 0.0f;
+      out[e] = centre + 0.7f * rng.normal_float();
+    }
+    return label;
+  }
+};
+
+auto small_model() {
+  return sm::sequential(strata::sample_shape{.channels = 1, .height = 1, .width = 8},
+                        sm::linear{.in = 8, .out = 32}, sm::relu{}, sm::dropout{.rate = 0.1},
+                        sm::linear{.in = 32, .out = 4});
+}
+
+fs::path work_dir(const std::string& name) {
+  const fs::path dir = fs::path(STRATA_TEST_WORK_DIR) / "trainer" / name;
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+strata::config::train_config base_config(const fs::path& dir) {
+  strata::config::train_config cfg;
+  cfg.epochs = 3;
+  cfg.batch_size_per_gpu = 32;
+  cfg.lr = 0.05;
+  cfg.loader_workers = 1;
+  cfg.checkpoint_dir = (dir / "ckpt").string();
+  cfg.checkpoint_interval = 1;
+  cfg.warmup_epochs = 0.5;
+  return cfg;
+}
+
+struct run_record {
+  std::vector<double> losses;
+  st::fit_summary summary;
+};
+
+run_record run(const strata::config::train_config& cfg) {
+  const blobs train{.n = 512};
+  const blobs test{.n = 256, .salt = 1};
+  st::trainer t(small_model(), cfg, {.print_progress = false});
+  run_record r;
+  t.on_step([&](const st::step_metrics& m) { r.losses.push_back(m.loss); });
+  r.summary = t.fit(train, sd::identity{}, test, sd::identity{});
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("the trainer learns, reports and checkpoints") {
+  const fs::path dir = work_dir("learns");
+  auto cfg = base_config(dir);
+  cfg.metrics_file = (dir / "metrics.jsonl").string();
+  cfg.checkpoint_keep = 2;
+  const run_record r = run(cfg);
+  CHECK(r.summary.epochs_done == 3);
+  CHECK(r.summary.steps == 3 * 16);
+  CHECK(r.losses.size() == 48);
+  CHECK(r.losses.back() < r.losses.front());
+  CHECK(r.summary.test_accuracy > 0.9);
+  CHECK(r.summary.params_xxh3.size() == 16);
+  CHECK(r.summary.resumed_from.empty());
+
+  // One row per step and per epoch, with the time split.
+  std::ifstream in(cfg.metrics_file);
+  std::size_t steps = 0;
+  std::size_t epochs = 0;
+  for (std::string line; std::getline(in, line);) {
+    const auto row = nlohmann::json::parse(line);
+    if (row.at("type") == "step") {
+      ++steps;
+      CHECK(row.contains("data_s"));
+      CHECK(row.contains("compute_s"));
+      CHECK(row.contains("comm_s"));
+      CHECK(row.at("peak_bytes").get<std::size_t>() > 0);
+    } else {
+      ++epochs;
+      CHECK(row.at("test_accuracy").get<double>() > 0.0);
+    }
+  }
+  CHECK(steps == 48);
+  CHECK(epochs == 3);
+
+  // Checkpoints after every epoch, the newest two kept.
+  CHECK_FALSE(fs::exists(dir / "ckpt" / "epoch-1"));
+  CHECK(fs::exists(dir / "ckpt" / "epoch-2" / "manifest.json"));
+  CHECK(fs::exists(dir / "ckpt" / "epoch-3" / "manifest.json"));
+}
+
+TEST_CASE("a run stopped and resumed matches an uninterrupted run bit for bit") {
+  const fs::path straight_dir = work_dir("straight");
+  const run_record straight = run(base_config(straight_dir));
+  REQUIRE(straight.losses.size() == 48);
+
+  for (std::int64_t stop_at : {21, 32}) {  // mid-epoch 2, and the end of epoch 2
+    CAPTURE(stop_at);
+    const fs::path dir = work_dir("resumed-" + std::to_string(stop_at));
+    auto first_cfg = base_config(dir);
+    first_cfg.max_steps = stop_at;
+    const run_record first = run(first_cfg);
+    CHECK(first.summary.stopped_by_max_steps);
+    CHECK(first.summary.steps == static_cast<std::uint64_t>(stop_at));
+
+    const run_record second = run(base_config(dir));  // a new trainer, resuming
+    CHECK_FALSE(second.summary.resumed_from.empty());
+    std::vector<double> joined = first.losses;
+    joined.insert(joined.end(), second.losses.begin(), second.losses.end());
+    CHECK(joined == straight.losses);  // exact equality of every step's loss
+    CHECK(second.summary.params_xxh3 == straight.summary.params_xxh3);
+    CHECK(second.summary.test_accuracy == straight.summary.test_accuracy);
+  }
+}
+
+TEST_CASE("a corrupt newest checkpoint is reported and the previous one used") {
+  const fs::path dir = work_dir("corrupt");
+  auto cfg = base_config(dir);
+  cfg.max_steps = 32;  // checkpoints epoch-1 and epoch-2
+  run(cfg);
+  // Damage the newest checkpoint's parameters.
+  const fs::path shard = dir / "ckpt" / "epoch-2" / "rank-0.params.bin";
+  REQUIRE(fs::exists(shard));
+  {
+    std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(5);
+    f.put('\x7f');
+  }
+  const blobs train{.n = 512};
+  const blobs test{.n = 256, .salt = 1};
+  cfg.max_steps = 0;
+  std::string log_text;
+  {
+    const fs::path log = dir / "log.txt";
+    std::FILE* out = std::fopen(log.c_str(), "w");
+    st::trainer t(small_model(), cfg, {.print_progress = true, .progress_out = out, .terminal = 0});
+    const auto summary = t.fit(train, sd::identity{}, test, sd::identity{});
+    std::fclose(out);
+    CHECK(summary.resumed_from == "epoch-1");
+    CHECK(summary.steps == 48);
+    std::ifstream in(log);
+    log_text.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  CHECK(log_text.find("rank-0.params.bin") != std::string::npos);
+  CHECK(log_text.find("resumed from") != std::string::npos);
+}
+
+TEST_CASE("a run of another configuration refuses the checkpoint") {
+  const fs::path dir = work_dir("other-config");
+  auto cfg = base_config(dir);
+  cfg.max_steps = 16;
+  run(cfg);
+  cfg.max_steps = 0;
+  cfg.lr = 0.1;  // changes the numbers: the hash differs
+  CHECK_THROWS_AS(run(cfg), strata::checkpoint_error);
+  cfg.resume = false;  // starting afresh is allowed
+  CHECK(run(cfg).summary.resumed_from.empty());
+}
+
+TEST_CASE("configurations this trainer does not run are refused by key") {
+  const fs::path dir = work_dir("refused");
+  auto cfg = base_config(dir);
+  cfg.world_size = 2;
+  try {
+    st::trainer t(small_model(), cfg, {.print_progress = false});
+    FAIL("accepted world_size 2");
+  } catch (const strata::config_error& e) {
+    CHECK(std::string(e.what()).find("world_size") != std::string::npos);
+  }
+  cfg = base_config(dir);
+  cfg.gradient_accumulation_steps = 2;
+  CHECK_THROWS_AS(st::trainer(small_model(), cfg, {.print_progress = false}), strata::config_error);
+  // A dataset whose samples do not fit the model.
+  cfg = base_config(dir);
+  st::trainer t(small_model(), cfg, {.print_progress = false});
+  struct wide : blobs {
+    strata::sample_shape shape() const { return {.channels = 1, .height = 1, .width = 9}; }
+  };
+  CHECK_THROWS_WITH_AS(t.fit(wide{}, sd::identity{}, blobs{}, sd::identity{}),
+                       doctest::Contains("the model takes 1x1x8"), std::invalid_argument);
+}
