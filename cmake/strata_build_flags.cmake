@@ -13,3 +13,18 @@ endif()
 # CMake 3.25 does not know nvcc's C++20 flag (cuda_std_20 needs 3.26+), so say it directly.
 add_library(strata_cuda_flags INTERFACE)
 target_compile_options(strata_cuda_flags INTERFACE $<$<COMPILE_LANGUAGE:CUDA>:-std=c++20>)
+
+# Examples and benchmarks are measured programs: -O3 and the build machine's instruction set
+# (Eigen's elementwise kernels use AVX-512 / AVX2 and FMA where the CPU has them). Benchmarks
+# also drop assertions (NDEBUG). Off under the sanitizers.
+option(STRATA_NATIVE "Build examples and benchmarks with -O3 -march=native" ON)
+add_library(strata_release_flags INTERFACE)
+if(STRATA_NATIVE AND NOT STRATA_SANITIZE)
+  # GCC 12 warns falsely about uninitialized values inside its own AVX-512 intrinsics headers
+  # as Eigen uses them; the warning stays on for every other build of the tests.
+  target_compile_options(strata_release_flags INTERFACE
+    $<$<COMPILE_LANGUAGE:CXX>:-O3 -march=native -Wno-maybe-uninitialized -Wno-uninitialized>)
+endif()
+add_library(strata_bench_flags INTERFACE)
+target_link_libraries(strata_bench_flags INTERFACE strata_release_flags)
+target_compile_definitions(strata_bench_flags INTERFACE NDEBUG)

@@ -4,6 +4,7 @@
 # is, line for line, the region between `// snippet-begin: name` and `// snippet-end: name` of that
 # file (a test or an example that is compiled), dedented by the begin marker's indentation.
 # Run: cmake -DSOURCE_DIR=... -P this file.
+cmake_minimum_required(VERSION 3.25)  # modern policies (CMP0054: quoted if() arguments)
 file(GLOB _docs "${SOURCE_DIR}/README.md" "${SOURCE_DIR}/docs/*.md")
 set(_checked 0)
 foreach(_doc IN LISTS _docs)

@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 # Runs PROGRAM with ARGS and checks that it exits with status EXPECT and prints an error line.
+cmake_minimum_required(VERSION 3.25)  # modern policies (CMP0054: quoted if() arguments)
 execute_process(COMMAND "${PROGRAM}" ${ARGS} RESULT_VARIABLE _rc OUTPUT_VARIABLE _out
   ERROR_VARIABLE _err)
 if(NOT _rc STREQUAL "${EXPECT}")

@@ -2,6 +2,7 @@
 # Runs one must-not-compile test: cmake -DCOMPILER=... -DFLAGS=... -DSOURCE=... -P this file.
 # The source's first line is `// expect-error: <regex>`; the compile must fail and its output
 # must match the regex (so a test cannot pass by failing for another reason).
+cmake_minimum_required(VERSION 3.25)  # modern policies (CMP0054: quoted if() arguments)
 file(STRINGS "${SOURCE}" _first LIMIT_COUNT 1)
 if(NOT _first MATCHES "^// expect-error: (.+)$")
   message(FATAL_ERROR "${SOURCE}: first line must be '// expect-error: <regex>'")

@@ -5,6 +5,7 @@
 #   3. find_package with an unknown component fails with a message naming it
 #   4. a core-only installation (no MPI, CUDA, NCCL) serves a core consumer, and refuses the
 #      mpi component with a message that says it was not built
+cmake_minimum_required(VERSION 3.25)  # modern policies (CMP0054: quoted if() arguments)
 file(REMOVE_RECURSE "${WORK_DIR}")
 file(MAKE_DIRECTORY "${WORK_DIR}")
 set(_here "${CMAKE_CURRENT_LIST_DIR}")

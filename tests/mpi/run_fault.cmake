@@ -3,6 +3,7 @@
 # never a hang (the limit), never a silent result (the exit status and the printed errors).
 #   cmake -DMPIEXEC=mpiexec -DNUMPROC_FLAG=-n -DNP=2 -DPROGRAM=fault_scenarios -DSCENARIO=hang
 #         [-DLIMIT=30] -P run_fault.cmake
+cmake_minimum_required(VERSION 3.25)  # modern policies (CMP0054: quoted if() arguments)
 foreach(_var MPIEXEC NUMPROC_FLAG NP PROGRAM SCENARIO)
   if(NOT DEFINED ${_var})
     message(FATAL_ERROR "run_fault.cmake: -D${_var}=... is required")

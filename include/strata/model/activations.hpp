@@ -15,6 +15,8 @@
 #include <stdexcept>
 #include <string>
 
+#include <Eigen/Core>
+
 #include "strata/core/shape.hpp"
 #include "strata/model/concepts.hpp"
 
@@ -84,11 +86,9 @@ struct relu {
 
   void forward(const forward_args& args) const {
     detail::check_activation_args(args);
-    const std::size_t n = args.input.size();
-    for (std::size_t i = 0; i < n; ++i) {
-      const float x = args.input[i];
-      args.output[i] = x > 0.0f ? x : 0.0f;
-    }
+    const auto n = static_cast<Eigen::Index>(args.input.size());
+    const Eigen::Map<const Eigen::ArrayXf> x(args.input.data(), n);
+    Eigen::Map<Eigen::ArrayXf>(args.output.data(), n) = (x > 0.0f).select(x, 0.0f);
   }
 
   void backward(const backward_args& args) const {
@@ -96,10 +96,10 @@ struct relu {
     if (args.grad_input.empty()) {
       return;
     }
-    const std::size_t n = args.input.size();
-    for (std::size_t i = 0; i < n; ++i) {
-      args.grad_input[i] = args.input[i] > 0.0f ? args.grad_output[i] : 0.0f;
-    }
+    const auto n = static_cast<Eigen::Index>(args.input.size());
+    const Eigen::Map<const Eigen::ArrayXf> x(args.input.data(), n);
+    const Eigen::Map<const Eigen::ArrayXf> g(args.grad_output.data(), n);
+    Eigen::Map<Eigen::ArrayXf>(args.grad_input.data(), n) = (x > 0.0f).select(g, 0.0f);
   }
 
   friend bool operator==(const relu&, const relu&) = default;

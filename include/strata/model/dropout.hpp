@@ -7,19 +7,22 @@
 //
 //   strata::model::dropout{.rate = 0.1}
 //
-// Randomness (concepts.hpp, requirement 3): sample b draws from args.rng_for(b), one
-// uniform_float (one word) per element in element order, and keeps the element when the draw is
-// at least `rate`. So a sample's mask depends only on (seed, step, layer, sample id): the same
-// args give the same mask, on any rank, micro-batch or recomputation, and another step or seed
-// gives another. Forward stores the mask as the factor applied to each element (0 or
-// 1 / (1 - rate)) in the workspace, batch x elements floats, and backward applies the same
-// factors to the incoming gradient. Evaluation sets every factor to 1, so a backward after it is
-// the identity too.
+// Randomness (concepts.hpp, requirement 3): sample b draws from args.rng_for(b), one 32-bit
+// word per two elements in element order (the low 16 bits for the first, the high 16 for the
+// second), and keeps an element when its 16-bit draw is at least t = round(rate x 65536). The
+// kept ones are scaled by 65536 / (65536 - t), the inverse of the exact keep probability, so the
+// expected output equals the input (t / 65536 differs from rate by at most 2^-17). So a sample's
+// mask depends only on (seed, step, layer, sample id): the same args give the same mask, on any
+// rank, micro-batch or recomputation, and another step or seed gives another. Forward stores
+// the mask as the factor applied to each element (0 or the scale) in the workspace, batch x
+// elements floats, and backward applies the same factors to the incoming gradient. Evaluation
+// sets every factor to 1, so a backward after it is the identity too.
 
 #include <algorithm>
 #include <cassert>
 #include <charconv>
 #include <cstddef>
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 
@@ -83,15 +86,23 @@ struct dropout {
       std::fill(args.workspace.begin(), args.workspace.end(), 1.0f);
       return;
     }
-    const auto keep_scale = static_cast<float>(1.0 / (1.0 - rate));
+    const auto threshold = static_cast<std::uint32_t>(rate * 65536.0 + 0.5);
+    const auto keep_scale = static_cast<float>(65536.0 / (65536.0 - threshold));
     for (std::size_t b = 0; b < args.batch; ++b) {
       rng_stream rng = args.rng_for(b);
-      const std::size_t offset = b * elements;
-      for (std::size_t i = offset; i < offset + elements; ++i) {
-        const bool keep = static_cast<double>(rng.uniform_float()) >= rate;
-        const float factor = keep ? keep_scale : 0.0f;
-        args.workspace[i] = factor;
-        args.output[i] = args.input[i] * factor;
+      const float* in = args.input.data() + b * elements;
+      float* out = args.output.data() + b * elements;
+      float* mask = args.workspace.data() + b * elements;
+      std::uint32_t word = 0;
+      for (std::size_t i = 0; i < elements; ++i) {
+        if (i % 2 == 0) {
+          word = rng();
+        } else {
+          word >>= 16;
+        }
+        const float factor = (word & 0xFFFFu) >= threshold ? keep_scale : 0.0f;
+        mask[i] = factor;
+        out[i] = in[i] * factor;
       }
     }
   }

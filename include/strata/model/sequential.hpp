@@ -16,7 +16,9 @@
 // named "<i>.<tensor>"), activations and the layers' saved state in a workspace made for a
 // largest batch. forward keeps every layer's output (and a view of the input, which must stay
 // alive until backward); backward walks the layers in reverse through two ping-pong gradient
-// buffers and skips the first layer's input gradient.
+// buffers. Input gradients are computed only where a layer further down has parameters: the
+// layers in front of the first parameter (flatten, the first linear's input) skip them, and a
+// parameter-free layer with no input gradient to give is not run backward at all.
 
 #include <array>
 #include <cstddef>
@@ -99,6 +101,17 @@ class sequential {
                                     to_string(shapes_[I]) + "): " + e.what());
       }
     });
+    // A layer's input gradient is needed only when some layer before it has parameters.
+    bool parameters_before = false;
+    const auto groups = parameter_groups();
+    for (std::size_t i = 0; i < layer_count; ++i) {
+      wants_grad_input_[i] = parameters_before;
+      std::size_t n = 0;
+      for (const auto& spec : groups[i]) {
+        n += spec.elements();
+      }
+      parameters_before = parameters_before || n > 0;
+    }
   }
 
   sample_shape input_shape() const noexcept { return shapes_[0]; }
@@ -230,7 +243,7 @@ class sequential {
       a.output = output_of(w, I, batch);
       a.grad_output = upstream;
       std::span<float> grad_in{};
-      if constexpr (I > 0) {
+      if (wants_grad_input_[I]) {
         buffer<float>& target = into_a ? w.grad_a_ : w.grad_b_;
         grad_in = std::span<float>(target.data(), batch * shapes_[I].elements());
       }
@@ -238,7 +251,9 @@ class sequential {
       a.params = params.group_values(I);
       a.grads = params.group_grads(I);
       a.workspace = saved_of(w, I, l, batch);
-      layer_traits<layer_t<I>>::backward(l, a);
+      if (!a.grads.empty() || !grad_in.empty()) {
+        layer_traits<layer_t<I>>::backward(l, a);
+      }
       upstream = grad_in;
       into_a = !into_a;
     });
@@ -305,6 +320,7 @@ class sequential {
 
   std::tuple<Layers...> layers_;
   std::array<sample_shape, layer_count + 1> shapes_{};
+  std::array<bool, layer_count> wants_grad_input_{};
 };
 
 }  // namespace strata::model

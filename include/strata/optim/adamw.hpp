@@ -27,6 +27,8 @@
 #include <string>
 #include <string_view>
 
+#include <Eigen/Core>
+
 #include "strata/optim/concepts.hpp"
 
 namespace strata::optim {
@@ -112,16 +114,22 @@ class adamw {
     const auto one_minus_beta2 = static_cast<float>(1.0 - config_.beta2);
     const auto eps = static_cast<float>(config_.eps);
 
+    // The moments as Eigen array expressions (vectorized at any optimisation level); the
+    // parameters in a scalar loop, because Eigen's vectorized sqrt is an approximation under
+    // EIGEN_FAST_MATH and would make a range's bits depend on where it starts. Elementwise and in
+    // the order m, v, then p = p * decay - step_size * (m / (sqrt(v) * c + eps)).
+    const auto count = static_cast<Eigen::Index>(n);
+    const Eigen::Map<const Eigen::ArrayXf> grad(args.grads.data(), count);
+    Eigen::Map<Eigen::ArrayXf> m(args.state.data(), count);
+    Eigen::Map<Eigen::ArrayXf> v(args.state.data() + n, count);
+    m = beta1 * m + one_minus_beta1 * grad;
+    v = beta2 * v + one_minus_beta2 * (grad * grad);
     float* const p = args.params.data();
-    const float* const grad = args.grads.data();
-    float* const m = args.state.data();
-    float* const v = args.state.data() + n;
+    const float* const m_data = args.state.data();
+    const float* const v_data = args.state.data() + n;
     for (std::size_t i = 0; i < n; ++i) {
-      const float g = grad[i];
-      m[i] = beta1 * m[i] + one_minus_beta1 * g;
-      v[i] = beta2 * v[i] + one_minus_beta2 * (g * g);
-      const float denominator = std::sqrt(v[i]) * inv_sqrt_correction2 + eps;
-      p[i] = p[i] * decay - step_size * (m[i] / denominator);
+      const float denominator = std::sqrt(v_data[i]) * inv_sqrt_correction2 + eps;
+      p[i] = p[i] * decay - step_size * (m_data[i] / denominator);
     }
   }
 

@@ -24,6 +24,8 @@
 #include <string>
 #include <string_view>
 
+#include <Eigen/Core>
+
 #include "strata/optim/concepts.hpp"
 
 namespace strata::optim {
@@ -88,25 +90,36 @@ class sgd {
                                   std::to_string(args.state.size()) + " floats, expected " +
                                   std::to_string(state_per_parameter() * n));
     }
-    float* const p = args.params.data();
-    const float* const grad = args.grads.data();
-    float* const v = args.state.data();
+    // Eigen array expressions: vectorized at any optimisation level, elementwise, and in the
+    // order g = grad + wd * p; v = momentum * v + g; u = nesterov ? g + momentum * v : v;
+    // p = p - lr * u (each operation rounded to float, as a scalar loop would).
+    Eigen::Map<Eigen::ArrayXf> p(args.params.data(), static_cast<Eigen::Index>(n));
+    const Eigen::Map<const Eigen::ArrayXf> grad(args.grads.data(), static_cast<Eigen::Index>(n));
     const bool decay = args.weight_decay && config_.weight_decay != 0.0;
-    const auto wd = static_cast<float>(config_.weight_decay);
+    const auto wd = static_cast<float>(decay ? config_.weight_decay : 0.0);
     const auto momentum = static_cast<float>(config_.momentum);
     const auto lr = static_cast<float>(args.lr);
-    const bool has_momentum = config_.momentum > 0.0;
-    for (std::size_t i = 0; i < n; ++i) {
-      float g = grad[i];
+    if (config_.momentum > 0.0) {
+      Eigen::Map<Eigen::ArrayXf> v(args.state.data(), static_cast<Eigen::Index>(n));
       if (decay) {
-        g += wd * p[i];
+        v = momentum * v + (grad + wd * p);
+        if (config_.nesterov) {
+          p = p - lr * ((grad + wd * p) + momentum * v);
+        } else {
+          p = p - lr * v;
+        }
+      } else {
+        v = momentum * v + grad;
+        if (config_.nesterov) {
+          p = p - lr * (grad + momentum * v);
+        } else {
+          p = p - lr * v;
+        }
       }
-      float u = g;
-      if (has_momentum) {
-        v[i] = momentum * v[i] + g;
-        u = config_.nesterov ? g + momentum * v[i] : v[i];
-      }
-      p[i] -= lr * u;
+    } else if (decay) {
+      p = p - lr * (grad + wd * p);
+    } else {
+      p = p - lr * grad;
     }
   }
 

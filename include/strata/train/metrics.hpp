@@ -84,18 +84,19 @@ inline nlohmann::json to_json(const epoch_metrics& m) {
           {"peak_bytes", m.peak_bytes}};
 }
 
-// Appends one JSON object per line; flushed per epoch row so that a crash loses at most the
-// current epoch's step rows. Doubles are written with enough digits to read back exactly.
+// One JSON object per line; flushed per epoch row so that a crash loses at most the current
+// epoch's step rows. Doubles are written with enough digits to read back exactly. A fresh run
+// truncates the file; a resumed run appends to it.
 class metrics_writer {
  public:
   metrics_writer() = default;
-  explicit metrics_writer(const std::string& path) : path_(path) {
+  explicit metrics_writer(const std::string& path, bool append = false) : path_(path) {
     if (path_.empty()) {
       return;
     }
-    out_.open(path_, std::ios::app);
+    out_.open(path_, append ? std::ios::app : std::ios::trunc);
     if (!out_) {
-      throw error("metrics: cannot open " + path_ + " for appending");
+      throw error("metrics: cannot open " + path_ + " for writing");
     }
   }
 

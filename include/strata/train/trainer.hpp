@@ -212,7 +212,6 @@ class trainer {
                   .log_every = static_cast<std::uint64_t>(cfg_.log_every),
                   .terminal = options_.terminal,
                   .out = options_.progress_out});
-    metrics_writer metrics(cfg_.metrics_file);
 
     fit_summary summary;
     std::uint64_t epoch = 0;
@@ -224,6 +223,7 @@ class trainer {
         summary.resumed_from = resumed->name;
       }
     }
+    metrics_writer metrics(cfg_.metrics_file, !summary.resumed_from.empty());
 
     auto work = model_.make_workspace(static_cast<std::size_t>(cfg_.batch_size_per_gpu));
     const std::size_t classes = model_.output_shape().elements();

@@ -393,14 +393,17 @@ TEST_CASE("shape-preserving layers reject dimensions of 0") {
 
 // ---- dropout ------------------------------------------------------------------------------------
 
-TEST_CASE("dropout: keeps 1 - rate of the elements, scaled by 1 / (1 - rate)") {
+TEST_CASE("dropout: keeps 1 - rate of the elements, scaled by the inverse keep probability") {
   const sm::dropout d{.rate = 0.3};
   const std::size_t batch = 64;
   const std::size_t n = 1000;
   const std::vector<float> x(batch * n, 2.0f);
   const auto run = run_forward(d, vec(n), batch, x, {}, true, {.seed = 3, .step = 1, .layer = 4});
   REQUIRE(run.workspace.size() == batch * n);
-  const float scale = static_cast<float>(1.0 / 0.7);
+  // 16-bit draws: keep when the draw >= t = round(0.3 x 65536); scale 65536 / (65536 - t).
+  const auto t = static_cast<std::uint32_t>(0.3 * 65536.0 + 0.5);
+  const float scale = static_cast<float>(65536.0 / (65536.0 - t));
+  CHECK(scale == doctest::Approx(1.0 / 0.7).epsilon(1e-4));
   std::size_t kept = 0;
   std::size_t other = 0;
   for (std::size_t i = 0; i < x.size(); ++i) {
