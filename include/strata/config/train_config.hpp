@@ -248,7 +248,7 @@ constexpr void visit_keys(Visitor&& v) {
   v(real_key{"adam_beta2", &c::adam_beta2, 0.0, 1.0, false, "AdamW second-moment decay."});
   v(real_key{"adam_eps", &c::adam_eps, 0.0, 1.0, true, "AdamW denominator epsilon."});
   v(real_key{"warmup_epochs", &c::warmup_epochs, 0.0, real_max, false,
-             "Linear warmup from 0 to lr, in epochs (fractions allowed), before the schedule."});
+             "Linear warmup to lr, in epochs (fractions allowed), before the schedule."});
   v(int_key{"lr_step_size", &c::lr_step_size, 1, int_max,
             "Epochs between decays of the step schedule."});
   v(real_key{"lr_gamma", &c::lr_gamma, 0.0, 1.0, true, "Factor of each step-schedule decay."});

@@ -72,12 +72,16 @@ struct run_record {
 };
 
 run_record run(const strata::config::train_config& cfg) {
-  const blobs train{.n = 512};
-  const blobs test{.n = 256, .salt = 1};
-  st::trainer t(small_model(), cfg, {.print_progress = false});
   run_record r;
+  // snippet-begin: fit
+  const blobs train{.n = 512};  // any strata::data::dataset
+  const blobs test{.n = 256, .salt = 1};
+  st::trainer t(small_model(), cfg, {.print_progress = false});  // cfg: a train_config
   t.on_step([&](const st::step_metrics& m) { r.losses.push_back(m.loss); });
+  t.on_epoch([](const st::epoch_metrics& m) { (void)m.test_accuracy; });
+  // training set, its augmentation, test set, its transform
   r.summary = t.fit(train, sd::identity{}, test, sd::identity{});
+  // snippet-end: fit
   return r;
 }
 
