@@ -28,6 +28,18 @@
 //
 // Tier 2: a type that cannot be changed takes part by specializing enable_layer to true and
 // layer_traits to adapt it; containers reach every layer only through layer_traits.
+//
+// A model M (sequential<...> is one; a pipeline stage will be another), with `const M& m`,
+// must:
+//   1. name its input and output: `m.input_shape()`, `m.output_shape()` return sample_shape;
+//   2. make its parameters: `m.make_params()` returns a param_store-like object P (the flat
+//      store of model/param_store.hpp);
+//   3. make its activation memory: `m.make_workspace(capacity)` returns M::workspace_type, and
+//      `m.workspace_floats(batch)` says how much that is before allocating;
+//   4. run: `m.forward(w, p, input, batch, options)` returns std::span<const float> (the
+//      output, valid until the next forward), and `m.backward(w, p, grad_output)` adds the
+//      parameter gradients of the last forward into p's gradients;
+//   5. estimate its cost: `m.costs()` returns one layer_cost per layer.
 
 #include <concepts>
 #include <cstddef>
@@ -35,6 +47,7 @@
 #include <span>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "strata/core/rng.hpp"
@@ -136,6 +149,14 @@ struct forward_args {
   }
 };
 
+// How one forward pass of a model runs.
+struct run_options {
+  bool training = true;
+  std::uint64_t seed = 0;  // with step, keys the layers' randomness (dropout)
+  std::uint32_t step = 0;
+  std::span<const std::uint64_t> sample_ids{};  // per sample (dataset indices); empty: positions
+};
+
 struct backward_args {
   std::size_t batch = 0;
   sample_shape in_shape{};
@@ -228,6 +249,54 @@ concept layer_backwards = requires(const L& l, const backward_args& a) {
 
 template <class L>
 concept layer = layer_tagged<L> && layer_shapes<L> && layer_forwards<L> && layer_backwards<L>;
+
+// Model 1-5.
+template <class M>
+concept model_shaped = requires(const M& m) {
+  { m.input_shape() } -> std::same_as<sample_shape>;
+  { m.output_shape() } -> std::same_as<sample_shape>;
+};
+template <class M>
+concept model_has_params = requires(const M& m) {
+  m.make_params();
+};
+template <class M>
+concept model_has_workspace = requires(const M& m, std::size_t n) {
+  typename M::workspace_type;
+  { m.make_workspace(n) } -> std::same_as<typename M::workspace_type>;
+  { m.workspace_floats(n) } -> std::convertible_to<std::size_t>;
+};
+template <class M>
+concept model_runs = model_has_params<M> && model_has_workspace<M> &&
+    requires(const M& m, typename M::workspace_type& w,
+             std::remove_cvref_t<decltype(std::declval<const M&>().make_params())>& p,
+             std::span<const float> x, std::size_t n, const run_options& o) {
+  { m.forward(w, p, x, n, o) } -> std::same_as<std::span<const float>>;
+  m.backward(w, p, x);
+};
+template <class M>
+concept model_costs = requires(const M& m) {
+  { m.costs() } -> std::convertible_to<std::vector<layer_cost>>;
+};
+
+template <class M>
+concept model = model_shaped<M> && model_has_params<M> && model_has_workspace<M> && model_runs<M> &&
+    model_costs<M>;
+
+template <class M>
+constexpr bool check_model() {
+  static_assert(model_shaped<M>,
+                "model: a model needs 'input_shape()' and 'output_shape()' returning sample_shape");
+  static_assert(model_has_params<M>, "model: a model needs 'make_params()'");
+  static_assert(model_has_workspace<M>,
+                "model: a model needs 'workspace_type', 'make_workspace(std::size_t)' and "
+                "'workspace_floats(std::size_t)'");
+  static_assert(model_runs<M>,
+                "model: a model needs 'forward(workspace, params, input, batch, run_options)' "
+                "returning std::span<const float> and 'backward(workspace, params, grad_output)'");
+  static_assert(model_costs<M>, "model: a model needs 'costs()' returning layer_cost per layer");
+  return true;
+}
 
 template <class L>
 constexpr bool check_layer() {

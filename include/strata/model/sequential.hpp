@@ -37,14 +37,6 @@
 
 namespace strata::model {
 
-// How one forward pass runs.
-struct run_options {
-  bool training = true;
-  std::uint64_t seed = 0;  // with step, keys the layers' randomness (dropout)
-  std::uint32_t step = 0;
-  std::span<const std::uint64_t> sample_ids{};  // per sample (dataset indices); empty: positions
-};
-
 // The memory one model needs for batches of up to `capacity` samples.
 class sequential_workspace {
  public:

@@ -49,6 +49,7 @@
 #include "strata/data/prefetch_loader.hpp"
 #include "strata/data/sampler.hpp"
 #include "strata/data/subset.hpp"
+#include "strata/model/concepts.hpp"
 #include "strata/model/param_store.hpp"
 #include "strata/model/softmax_cross_entropy.hpp"
 #include "strata/optim/any_optimizer.hpp"
@@ -128,6 +129,7 @@ inline std::string config_hash(config::train_config cfg) {
 
 template <class Model, class... Policies>
 class trainer {
+  static_assert(model::check_model<Model>());
   using policies =
       policy_set<type_list<batch::fixed, precision::fp32, parallel::single_rank>, Policies...>;
   using batch_policy = typename policies::template get<batch_policy_tag>;

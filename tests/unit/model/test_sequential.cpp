@@ -44,6 +44,10 @@ double objective(const auto& model, sm::sequential_workspace& w, const sm::param
 
 }  // namespace
 
+static_assert(sm::model<decltype(tiny())>);
+static_assert(sm::check_model<decltype(tiny())>());
+static_assert(!sm::model<sm::linear>);
+
 TEST_CASE("shapes, parameters and costs come from the layers") {
   const auto model = tiny();
   CHECK(model.input_shape() == strata::sample_shape{2, 3, 3});
