@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include <strata/batch/accumulate.hpp>
 #include <strata/config.hpp>
 #include <strata/data.hpp>
 #include <strata/model/layers.hpp>
@@ -75,15 +76,26 @@ int main(int argc, char** argv) {
               sd::load_fashion_mnist(cfg.data_dir, sd::fashion_mnist_split::train);
           const sd::idx_dataset test =
               sd::load_fashion_mnist(cfg.data_dir, sd::fashion_mnist_split::test);
-          strata::train::trainer run(make_mlp(), cfg);
-          std::printf(
-              "fashion_mnist_mlp: %zu parameters, %zu training / %zu test samples, BLAS: %s\n",
-              run.params().parameter_count(), train.size(), test.size(),
-              std::string(sm::blas_backend()).c_str());
-          const auto summary =
-              cfg.augment ? run.fit(train, mlp_augmentation(), test, sd::fashion_mnist_normalize())
-                          : run.fit(train, sd::fashion_mnist_normalize(), test,
-                                    sd::fashion_mnist_normalize());
+          // gradient_accumulation_steps > 1 selects the accumulate batch policy.
+          const auto train_with = [&](auto& run) {
+            std::printf(
+                "fashion_mnist_mlp: %zu parameters, %zu training / %zu test samples, BLAS: %s\n",
+                run.params().parameter_count(), train.size(), test.size(),
+                std::string(sm::blas_backend()).c_str());
+            return cfg.augment
+                       ? run.fit(train, mlp_augmentation(), test, sd::fashion_mnist_normalize())
+                       : run.fit(train, sd::fashion_mnist_normalize(), test,
+                                 sd::fashion_mnist_normalize());
+          };
+          strata::train::fit_summary summary;
+          if (cfg.gradient_accumulation_steps > 1) {
+            strata::train::trainer<decltype(make_mlp()), strata::batch::accumulate> run(make_mlp(),
+                                                                                        cfg);
+            summary = train_with(run);
+          } else {
+            strata::train::trainer run(make_mlp(), cfg);
+            summary = train_with(run);
+          }
           std::printf(
               "summary: test_accuracy %.4f test_loss %.4f epochs %llu steps %llu samples_per_s "
               "%.0f "

@@ -8,8 +8,8 @@
 //   auto summary = run.fit(train_set, augmentation, test_set, test_transform);
 //
 // Policy slots (core/policy.hpp), one per family, in any order; defaults: batch::fixed,
-// precision::fp32, parallel::single_rank. This version runs those defaults; the other policies
-// of each family plug into the same slots.
+// precision::fp32, parallel::single_rank. This version runs those and batch::accumulate; the
+// other policies of each family plug into the same slots.
 //
 // One step: take the loader's next batch (data time), zero the gradients, forward in training
 // mode, softmax cross-entropy with gradient scaled by 1 / batch, backward, one optimizer update
@@ -39,6 +39,7 @@
 #endif
 #include <xxhash.h>
 
+#include "strata/batch/accumulate.hpp"
 #include "strata/batch/fixed.hpp"
 #include "strata/config/train_config.hpp"
 #include "strata/config/validate.hpp"
@@ -135,8 +136,11 @@ class trainer {
   using batch_policy = typename policies::template get<batch_policy_tag>;
   using precision_policy = typename policies::template get<precision_policy_tag>;
   using parallel_policy = typename policies::template get<parallel_policy_tag>;
-  static_assert(std::is_same_v<batch_policy, batch::fixed>,
-                "trainer: this version runs the batch policy 'batch::fixed' only");
+  static_assert(std::is_same_v<batch_policy, batch::fixed> ||
+                    std::is_same_v<batch_policy, batch::accumulate>,
+                "trainer: this version runs the batch policies 'batch::fixed' and "
+                "'batch::accumulate' only");
+  static constexpr bool accumulates = std::is_same_v<batch_policy, batch::accumulate>;
   static_assert(std::is_same_v<precision_policy, precision::fp32>,
                 "trainer: this version runs the precision policy 'precision::fp32' only");
   static_assert(std::is_same_v<parallel_policy, parallel::single_rank>,
@@ -197,7 +201,14 @@ class trainer {
                           ? data::remainder_policy::pad
                           : data::remainder_policy::drop});
     data::prefetch_loader loader(train_view, augment, std::move(sampler), loader_settings(false));
-    const std::uint64_t steps_per_epoch = loader.batches_per_epoch();
+    // Micro-batches of batch_size_per_gpu; an optimizer step takes `accumulation` of them (the
+    // epoch's last step may take fewer).
+    const std::size_t accumulation = accumulation_steps(cfg_);
+    const std::size_t micro_batch = static_cast<std::size_t>(cfg_.batch_size_per_gpu);
+    const std::size_t samples_per_rank = loader.sampler().samples_per_rank();
+    const std::size_t micro_batches_per_epoch = loader.batches_per_epoch();
+    const std::uint64_t steps_per_epoch =
+        (micro_batches_per_epoch + accumulation - 1) / accumulation;
     if (steps_per_epoch == 0) {
       throw config_error({.key = "batch_size_per_gpu", .file = {}, .line = 0, .column = 0},
                          "the training set's " + std::to_string(train_view.size()) +
@@ -241,29 +252,50 @@ class trainer {
       std::size_t correct = 0;
       const auto epoch_begin = clock::now();
       bool stop = false;
-      while (auto b = loader.next()) {
-        const auto compute_begin = clock::now();
+      while (loader.next_batch() < micro_batches_per_epoch) {
+        // One optimizer step: up to `accumulation` micro-batches, gradients summed, each scaled
+        // by 1 / (samples of the whole step) so that the step's gradient is their mean.
+        const std::size_t first = loader.next_batch();
+        const std::size_t micro =
+            std::min<std::size_t>(accumulation, micro_batches_per_epoch - first);
+        const std::size_t step_samples =
+            std::min(samples_per_rank, (first + micro) * micro_batch) - first * micro_batch;
         const double lr = schedule.lr(step_);
-        const model::loss_result loss = train_step(*b, work, grad_logits, classes, lr);
-        const double compute = seconds_since(compute_begin);
-        step_metrics sm{
-            .epoch = epoch,
-            .step = step_,
-            .epoch_step = b->step,
-            .samples = b->size,
-            .loss = loss.loss_sum / static_cast<double>(b->size),
-            .accuracy = static_cast<double>(loss.correct) / static_cast<double>(b->size),
-            .lr = lr,
-            .data_seconds = b->wait_seconds,
-            .compute_seconds = compute,
-            .comm_seconds = 0.0,
-            .samples_per_second = static_cast<double>(b->size) / (b->wait_seconds + compute),
-            .peak_bytes = host{}.memory().stats().peak};
+        params_.zero_grads();
+        model::loss_result loss{};
+        double data_seconds = 0.0;
+        double compute = 0.0;
+        for (std::size_t m = 0; m < micro; ++m) {
+          auto b = loader.next();
+          const auto compute_begin = clock::now();
+          data_seconds += b->wait_seconds;
+          const model::loss_result part =
+              micro_step(*b, work, grad_logits, classes, 1.0f / static_cast<float>(step_samples));
+          loss.loss_sum += part.loss_sum;
+          loss.correct += part.correct;
+          compute += seconds_since(compute_begin);
+        }
+        const auto update_begin = clock::now();
+        apply_update(lr);
+        compute += seconds_since(update_begin);
+        const auto samples = static_cast<double>(step_samples);
+        step_metrics sm{.epoch = epoch,
+                        .step = step_,
+                        .epoch_step = first / accumulation,
+                        .samples = step_samples,
+                        .loss = loss.loss_sum / samples,
+                        .accuracy = static_cast<double>(loss.correct) / samples,
+                        .lr = lr,
+                        .data_seconds = data_seconds,
+                        .compute_seconds = compute,
+                        .comm_seconds = 0.0,
+                        .samples_per_second = samples / (data_seconds + compute),
+                        .peak_bytes = host{}.memory().stats().peak};
         ++step_;
         loss_sum += loss.loss_sum;
         correct += loss.correct;
         em.steps += 1;
-        em.samples += b->size;
+        em.samples += step_samples;
         em.data_seconds += sm.data_seconds;
         em.compute_seconds += sm.compute_seconds;
         metrics.write(sm);
@@ -273,7 +305,7 @@ class trainer {
         bar.step(sm, steps_per_epoch, epochs,
                  epochs * steps_per_epoch > step_ ? epochs * steps_per_epoch - step_ : 0);
         if (cfg_.max_steps > 0 && step_ >= static_cast<std::uint64_t>(cfg_.max_steps) &&
-            loader.next_batch() < steps_per_epoch) {
+            loader.next_batch() < micro_batches_per_epoch) {
           save(store, epoch, loader.next_batch(), bar);
           summary.stopped_by_max_steps = true;
           stop = true;
@@ -446,6 +478,10 @@ class trainer {
     }
   }
 
+  static std::size_t accumulation_steps(const config::train_config& c) {
+    return accumulates ? static_cast<std::size_t>(c.gradient_accumulation_steps) : 1;
+  }
+
   // Validates the configuration, refuses what this trainer does not run, and makes the optimizer.
   static optim::any_optimizer checked_optimizer(const config::train_config& cfg_) {
     config::validate(cfg_);
@@ -462,9 +498,11 @@ class trainer {
       refuse("world_size", "this trainer runs one rank (parallel::single_rank); world_size is " +
                                std::to_string(cfg_.world_size));
     }
-    if (cfg_.gradient_accumulation_steps != 1) {
+    if (!accumulates && cfg_.gradient_accumulation_steps != 1) {
       refuse("gradient_accumulation_steps",
-             "this trainer runs batch::fixed; gradient accumulation is another batch policy");
+             "the batch policy is batch::fixed (one micro-batch per step); give the trainer "
+             "strata::batch::accumulate to accumulate " +
+                 std::to_string(cfg_.gradient_accumulation_steps) + " micro-batches");
     }
     if (cfg_.mixed_precision_dtype != config::precision_dtype::float32) {
       refuse("mixed_precision_dtype",
@@ -486,26 +524,31 @@ class trainer {
     }
   }
 
+  // Forward, loss and backward of one micro-batch, adding its gradients (scaled by grad_scale)
+  // into the param_store.
   template <class Batch, class Workspace>
-  model::loss_result train_step(const Batch& b, Workspace& work, buffer<float>& grad_logits,
-                                std::size_t classes, double lr) {
+  model::loss_result micro_step(const Batch& b, Workspace& work, buffer<float>& grad_logits,
+                                std::size_t classes, float grad_scale) {
     static_assert(std::is_same_v<std::size_t, std::uint64_t>,
                   "trainer: sample ids are passed as dataset indices (size_t == uint64_t)");
-    params_.zero_grads();
     const auto logits = model_.forward(work, params_, b.inputs, b.size,
                                        {.training = true,
                                         .seed = static_cast<std::uint64_t>(cfg_.seed),
                                         .step = static_cast<std::uint32_t>(step_),
                                         .sample_ids = std::span<const std::uint64_t>(b.indices)});
     const std::span<float> grad(grad_logits.data(), b.size * classes);
-    const model::loss_result loss =
-        loss_.evaluate({.batch = b.size,
-                        .classes = classes,
-                        .logits = logits,
-                        .labels = b.labels,
-                        .grad_logits = grad,
-                        .grad_scale = 1.0f / static_cast<float>(b.size)});
+    const model::loss_result loss = loss_.evaluate({.batch = b.size,
+                                                    .classes = classes,
+                                                    .logits = logits,
+                                                    .labels = b.labels,
+                                                    .grad_logits = grad,
+                                                    .grad_scale = grad_scale});
     model_.backward(work, params_, grad);
+    return loss;
+  }
+
+  // One optimizer update per parameter tensor at rate lr.
+  void apply_update(double lr) {
     optimizer_.begin_step();
     const std::size_t per = optimizer_.state_per_parameter();
     const std::span<float> values = params_.values();
@@ -519,7 +562,6 @@ class trainer {
                          .lr = lr,
                          .weight_decay = e.spec.weight_decay});
     }
-    return loss;
   }
 
   void save(checkpoint_store& store, std::uint64_t epoch, std::uint64_t next_batch, progress& bar) {

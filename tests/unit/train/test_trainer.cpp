@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "strata/batch/accumulate.hpp"
 #include "strata/data/transforms.hpp"
 #include "strata/model/layers.hpp"
 #include "strata/model/sequential.hpp"
@@ -216,4 +217,50 @@ TEST_CASE("configurations this trainer does not run are refused by key") {
   };
   CHECK_THROWS_WITH_AS(t.fit(wide{}, sd::identity{}, blobs{}, sd::identity{}),
                        doctest::Contains("the model takes 1x1x8"), std::invalid_argument);
+}
+
+TEST_CASE("k micro-batches of B/k accumulate to the step of one batch of B") {
+  const blobs train{.n = 512};
+  const blobs test{.n = 256, .salt = 1};
+  // 512 samples: 7 steps of 72 and a last step of 8, either way.
+  auto whole_cfg = base_config(work_dir("accumulate-whole"));
+  whole_cfg.batch_size_per_gpu = 72;
+  whole_cfg.epochs = 2;
+  st::trainer whole(small_model(), whole_cfg, {.print_progress = false});
+  std::vector<st::step_metrics> whole_steps;
+  whole.on_step([&](const st::step_metrics& m) { whole_steps.push_back(m); });
+  const auto a = whole.fit(train, sd::identity{}, test, sd::identity{});
+
+  auto split_cfg = base_config(work_dir("accumulate-split"));
+  split_cfg.batch_size_per_gpu = 24;
+  split_cfg.gradient_accumulation_steps = 3;
+  split_cfg.epochs = 2;
+  st::trainer<decltype(small_model()), strata::batch::accumulate> split(small_model(), split_cfg,
+                                                                        {.print_progress = false});
+  std::vector<st::step_metrics> split_steps;
+  split.on_step([&](const st::step_metrics& m) { split_steps.push_back(m); });
+  const auto b = split.fit(train, sd::identity{}, test, sd::identity{});
+
+  REQUIRE(whole_steps.size() == 16);
+  REQUIRE(split_steps.size() == 16);
+  for (std::size_t i = 0; i < whole_steps.size(); ++i) {
+    CAPTURE(i);
+    CHECK(split_steps[i].samples == whole_steps[i].samples);
+    CHECK(split_steps[i].lr == whole_steps[i].lr);
+    CHECK(split_steps[i].loss == doctest::Approx(whole_steps[i].loss).epsilon(1e-5));
+  }
+  CHECK(whole_steps[7].samples == 8);
+  const auto pa = whole.params().values();
+  const auto pb = split.params().values();
+  REQUIRE(pa.size() == pb.size());
+  double largest = 0.0;
+  for (std::size_t i = 0; i < pa.size(); ++i) {
+    largest = std::max(largest, static_cast<double>(std::abs(pa[i] - pb[i])));
+  }
+  CHECK(largest < 1e-4);
+  CHECK(b.test_accuracy == doctest::Approx(a.test_accuracy).epsilon(0.01));
+
+  // batch::fixed refuses an accumulation count instead of ignoring it.
+  CHECK_THROWS_WITH_AS(st::trainer(small_model(), split_cfg, {.print_progress = false}),
+                       doctest::Contains("strata::batch::accumulate"), strata::config_error);
 }
