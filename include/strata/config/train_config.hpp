@@ -164,7 +164,8 @@ struct train_config {
   double topk_ratio = 0.01;
 
   // Memory and batch adaptation.
-  std::int64_t memory_budget_mb = 0;  // 0 = the execution space's capacity
+  std::int64_t activation_checkpoint_every = 0;  // segments of k layers recomputed; 0 = off
+  std::int64_t memory_budget_mb = 0;             // 0 = the execution space's capacity
   bool adaptive_batch = false;
   std::int64_t adaptive_batch_min = 8;
   std::int64_t adaptive_batch_max = 512;
@@ -303,6 +304,9 @@ constexpr void visit_keys(Visitor&& v) {
   v(real_key{"topk_ratio", &c::topk_ratio, 0.0, 1.0, true,
              "Share of gradient entries top-k compression sends."});
   // Memory and batch adaptation.
+  v(int_key{"activation_checkpoint_every", &c::activation_checkpoint_every, 0, 1 << 20,
+            "Activation checkpointing: keep one output per k layers, recompute the rest in "
+            "backward; 0 = off."});
   v(int_key{"memory_budget_mb", &c::memory_budget_mb, 0, int_max,
             "Memory budget per rank, MiB; 0 = the device's capacity."});
   v(bool_key{"adaptive_batch", &c::adaptive_batch,

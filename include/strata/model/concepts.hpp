@@ -149,6 +149,21 @@ struct forward_args {
   }
 };
 
+// How a model's workspace keeps activations (a model may offer make_workspace(capacity, config)).
+struct workspace_config {
+  // 0: keep every layer's output and saved state from forward to backward. k > 0: activation
+  // checkpointing in segments of k layers: keep only each segment's last output; backward
+  // recomputes a segment's forward (the same deterministic inputs, so the same bits) just
+  // before going back through it.
+  std::size_t checkpoint_every = 0;
+
+  friend bool operator==(const workspace_config&, const workspace_config&) = default;
+};
+
+inline std::string to_string(const workspace_config& c) {
+  return "workspace_config{.checkpoint_every = " + std::to_string(c.checkpoint_every) + "}";
+}
+
 // How one forward pass of a model runs.
 struct run_options {
   bool training = true;

@@ -20,6 +20,7 @@
 // layers in front of the first parameter (flatten, the first linear's input) skip them, and a
 // parameter-free layer with no input gradient to give is not run backward at all.
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -44,17 +45,17 @@ class sequential_workspace {
 
   std::size_t capacity() const noexcept { return capacity_; }
   std::size_t batch() const noexcept { return batch_; }
+  const workspace_config& config() const noexcept { return config_; }
   // Floats held (activations, saved state and gradient buffers).
   std::size_t floats() const noexcept {
-    std::size_t n = grad_a_.size() + grad_b_.size();
-    for (const auto& a : outputs_) {
-      n += a.size();
-    }
-    for (const auto& w : saved_) {
-      n += w.size();
+    std::size_t n = 0;
+    for (const auto& b : owned_) {
+      n += b.size();
     }
     return n;
   }
+  // Floats of activations and saved state only (without the two gradient buffers).
+  std::size_t activation_floats() const noexcept { return floats() - gradient_floats_; }
 
  private:
   template <class...>
@@ -63,11 +64,15 @@ class sequential_workspace {
   std::size_t capacity_ = 0;
   std::size_t batch_ = 0;  // of the last forward
   bool forward_done_ = false;
+  workspace_config config_{};
   std::span<const float> input_{};
-  std::vector<buffer<float>> outputs_{};  // outputs_[i]: layer i's output
-  std::vector<buffer<float>> saved_{};    // saved_[i]: layer i's workspace
-  buffer<float> grad_a_{};
-  buffer<float> grad_b_{};
+  run_options options_{};  // of the last forward, for recomputation
+  std::vector<buffer<float>> owned_{};
+  std::vector<float*> outputs_{};  // outputs_[i]: layer i's output (capacity x elements)
+  std::vector<float*> saved_{};    // saved_[i]: layer i's workspace
+  float* grad_a_ = nullptr;
+  float* grad_b_ = nullptr;
+  std::size_t gradient_floats_ = 0;
 };
 
 template <class... Layers>
@@ -152,27 +157,33 @@ class sequential {
   }
 
   // Floats a workspace for `batch` samples holds (ask before allocating).
-  std::size_t workspace_floats(std::size_t batch) const {
-    std::size_t n = 2 * batch * max_elements();
-    for_each_layer([&]<std::size_t I>(const auto& l) {
-      n += batch * shapes_[I + 1].elements();
-      n += layer_traits<layer_t<I>>::workspace_elements(l, shapes_[I], batch);
-    });
+  std::size_t workspace_floats(std::size_t batch, workspace_config config = {}) const {
+    const plan p = make_plan(batch, config);
+    std::size_t n = 0;
+    for (std::size_t size : p.buffers) {
+      n += size;
+    }
     return n;
   }
 
-  sequential_workspace make_workspace(std::size_t capacity) const {
+  sequential_workspace make_workspace(std::size_t capacity, workspace_config config = {}) const {
     if (capacity == 0) {
       throw std::invalid_argument("sequential: a workspace needs a capacity of at least 1");
     }
+    const plan p = make_plan(capacity, config);
     sequential_workspace w;
     w.capacity_ = capacity;
-    for_each_layer([&]<std::size_t I>(const auto& l) {
-      w.outputs_.emplace_back(capacity * shapes_[I + 1].elements());
-      w.saved_.emplace_back(layer_traits<layer_t<I>>::workspace_elements(l, shapes_[I], capacity));
-    });
-    w.grad_a_ = buffer<float>(capacity * max_elements());
-    w.grad_b_ = buffer<float>(capacity * max_elements());
+    w.config_ = config;
+    for (std::size_t size : p.buffers) {
+      w.owned_.emplace_back(size);
+    }
+    for (std::size_t i = 0; i < layer_count; ++i) {
+      w.outputs_.push_back(w.owned_[p.output_buffer[i]].data());
+      w.saved_.push_back(w.owned_[p.saved_buffer[i]].data());
+    }
+    w.grad_a_ = w.owned_[p.grad_a].data();
+    w.grad_b_ = w.owned_[p.grad_b].data();
+    w.gradient_floats_ = p.buffers[p.grad_a] + p.buffers[p.grad_b];
     return w;
   }
 
@@ -191,21 +202,9 @@ class sequential {
     check_params(params);
     w.batch_ = batch;
     w.input_ = input;
+    w.options_ = options;
     w.forward_done_ = false;
-    for_each_layer([&]<std::size_t I>(const auto& l) {
-      forward_args a;
-      a.batch = batch;
-      a.in_shape = shapes_[I];
-      a.out_shape = shapes_[I + 1];
-      a.input = I == 0 ? input : output_of(w, I - 1, batch);
-      a.output = std::span<float>(w.outputs_[I].data(), batch * shapes_[I + 1].elements());
-      a.params = params.group_values(I);
-      a.workspace = saved_of(w, I, l, batch);
-      a.training = options.training;
-      a.rng = {.seed = options.seed, .step = options.step, .layer = static_cast<std::uint32_t>(I)};
-      a.sample_ids = options.sample_ids;
-      layer_traits<layer_t<I>>::forward(l, a);
-    });
+    forward_range(w, params, 0, layer_count);
     w.forward_done_ = true;
     return output_of(w, layer_count - 1, batch);
   }
@@ -226,7 +225,12 @@ class sequential {
     check_params(params);
     std::span<const float> upstream = grad_output;
     bool into_a = true;
+    const std::size_t k = w.config_.checkpoint_every;
     for_each_layer_reverse([&]<std::size_t I>(const auto& l) {
+      if (k > 0 && (I + 1 == layer_count || (I + 1) % k == 0)) {
+        // The last layer of a segment: recompute the segment's forward first.
+        forward_range(w, params, I - I % k, I + 1);
+      }
       backward_args a;
       a.batch = batch;
       a.in_shape = shapes_[I];
@@ -236,8 +240,7 @@ class sequential {
       a.grad_output = upstream;
       std::span<float> grad_in{};
       if (wants_grad_input_[I]) {
-        buffer<float>& target = into_a ? w.grad_a_ : w.grad_b_;
-        grad_in = std::span<float>(target.data(), batch * shapes_[I].elements());
+        grad_in = std::span<float>(into_a ? w.grad_a_ : w.grad_b_, batch * shapes_[I].elements());
       }
       a.grad_input = grad_in;
       a.params = params.group_values(I);
@@ -280,14 +283,99 @@ class sequential {
   }
 
   std::span<float> output_of(sequential_workspace& w, std::size_t i, std::size_t batch) const {
-    return std::span<float>(w.outputs_[i].data(), batch * shapes_[i + 1].elements());
+    return std::span<float>(w.outputs_[i], batch * shapes_[i + 1].elements());
   }
 
   template <class L>
   std::span<float> saved_of(sequential_workspace& w, std::size_t i, const L& l,
                             std::size_t batch) const {
     const std::size_t n = layer_traits<L>::workspace_elements(l, shapes_[i], batch);
-    return std::span<float>(w.saved_[i].data(), n);
+    return std::span<float>(w.saved_[i], n);
+  }
+
+  // Runs layers [first, last) forward with the options of the last forward() call.
+  void forward_range(sequential_workspace& w, const param_store& params, std::size_t first,
+                     std::size_t last) const {
+    const std::size_t batch = w.batch_;
+    const run_options& options = w.options_;
+    for_each_layer([&]<std::size_t I>(const auto& l) {
+      if (I < first || I >= last) {
+        return;
+      }
+      forward_args a;
+      a.batch = batch;
+      a.in_shape = shapes_[I];
+      a.out_shape = shapes_[I + 1];
+      a.input = I == 0 ? w.input_ : output_of(w, I - 1, batch);
+      a.output = output_of(w, I, batch);
+      a.params = params.group_values(I);
+      a.workspace = saved_of(w, I, l, batch);
+      a.training = options.training;
+      a.rng = {.seed = options.seed, .step = options.step, .layer = static_cast<std::uint32_t>(I)};
+      a.sample_ids = options.sample_ids;
+      layer_traits<layer_t<I>>::forward(l, a);
+    });
+  }
+
+  // Which buffer holds each layer's output and saved state. Without checkpointing every layer
+  // has its own. With segments of k, the last layer of each segment keeps its own output; the
+  // other outputs share k - 1 slots (slot = position in the segment) and every saved state
+  // shares k slots, each slot as large as its largest user, since only one segment's inner
+  // activations are alive at a time.
+  struct plan {
+    std::vector<std::size_t> buffers{};  // sizes in floats
+    std::vector<std::size_t> output_buffer{};
+    std::vector<std::size_t> saved_buffer{};
+    std::size_t grad_a = 0;
+    std::size_t grad_b = 0;
+  };
+
+  plan make_plan(std::size_t batch, const workspace_config& config) const {
+    plan p;
+    std::array<std::size_t, layer_count> saved_sizes{};
+    for_each_layer([&]<std::size_t I>(const auto& l) {
+      saved_sizes[I] = layer_traits<layer_t<I>>::workspace_elements(l, shapes_[I], batch);
+    });
+    const std::size_t k = config.checkpoint_every;
+    if (k == 0) {
+      for (std::size_t i = 0; i < layer_count; ++i) {
+        p.output_buffer.push_back(p.buffers.size());
+        p.buffers.push_back(batch * shapes_[i + 1].elements());
+        p.saved_buffer.push_back(p.buffers.size());
+        p.buffers.push_back(saved_sizes[i]);
+      }
+    } else {
+      std::vector<std::size_t> output_slot(k, 0);
+      std::vector<std::size_t> saved_slot(k, 0);
+      for (std::size_t i = 0; i < layer_count; ++i) {
+        saved_slot[i % k] = std::max(saved_slot[i % k], saved_sizes[i]);
+        if (!keeps_output(i, k)) {
+          output_slot[i % k] = std::max(output_slot[i % k], batch * shapes_[i + 1].elements());
+        }
+      }
+      const std::size_t output_base = p.buffers.size();
+      p.buffers.insert(p.buffers.end(), output_slot.begin(), output_slot.end());
+      const std::size_t saved_base = p.buffers.size();
+      p.buffers.insert(p.buffers.end(), saved_slot.begin(), saved_slot.end());
+      for (std::size_t i = 0; i < layer_count; ++i) {
+        if (keeps_output(i, k)) {
+          p.output_buffer.push_back(p.buffers.size());
+          p.buffers.push_back(batch * shapes_[i + 1].elements());
+        } else {
+          p.output_buffer.push_back(output_base + i % k);
+        }
+        p.saved_buffer.push_back(saved_base + i % k);
+      }
+    }
+    p.grad_a = p.buffers.size();
+    p.buffers.push_back(batch * max_elements());
+    p.grad_b = p.buffers.size();
+    p.buffers.push_back(batch * max_elements());
+    return p;
+  }
+
+  static bool keeps_output(std::size_t i, std::size_t k) noexcept {
+    return i + 1 == layer_count || (i + 1) % k == 0;
   }
 
   void check_batch(const sequential_workspace& w, std::size_t batch, const char* op) const {

@@ -238,7 +238,7 @@ class trainer {
     }
     metrics_writer metrics(cfg_.metrics_file, !summary.resumed_from.empty());
 
-    auto work = model_.make_workspace(static_cast<std::size_t>(cfg_.batch_size_per_gpu));
+    auto work = training_workspace();
     const std::size_t classes = model_.output_shape().elements();
     buffer<float> grad_logits(static_cast<std::size_t>(cfg_.batch_size_per_gpu) * classes);
     double train_seconds = 0.0;
@@ -480,6 +480,22 @@ class trainer {
 
   static std::size_t accumulation_steps(const config::train_config& c) {
     return accumulates ? static_cast<std::size_t>(c.gradient_accumulation_steps) : 1;
+  }
+
+  // The training workspace, with activation checkpointing when the model offers it.
+  auto training_workspace() const {
+    const auto capacity = static_cast<std::size_t>(cfg_.batch_size_per_gpu);
+    const auto every = static_cast<std::size_t>(cfg_.activation_checkpoint_every);
+    if constexpr (requires { model_.make_workspace(capacity, model::workspace_config{}); }) {
+      return model_.make_workspace(capacity, model::workspace_config{.checkpoint_every = every});
+    } else {
+      if (every != 0) {
+        throw config_error(
+            {.key = "activation_checkpoint_every", .file = {}, .line = 0, .column = 0},
+            "this model does not offer activation checkpointing");
+      }
+      return model_.make_workspace(capacity);
+    }
   }
 
   // Validates the configuration, refuses what this trainer does not run, and makes the optimizer.

@@ -151,3 +151,44 @@ TEST_CASE("backward adds, and misuse is refused with the numbers") {
                        doctest::Contains("input has 5 floats"), std::invalid_argument);
   CHECK_THROWS_AS(model.backward(w, params, std::vector<float>(5)), std::invalid_argument);
 }
+
+TEST_CASE("activation checkpointing keeps segment ends only and gives the same gradients") {
+  // 4 x (linear, relu, dropout) + linear: 13 layers.
+  const auto model =
+      sm::sequential(strata::sample_shape{.channels = 1, .height = 1, .width = 24},
+                     sm::linear{.in = 24, .out = 32}, sm::relu{}, sm::dropout{.rate = 0.2},
+                     sm::linear{.in = 32, .out = 32}, sm::relu{}, sm::dropout{.rate = 0.2},
+                     sm::linear{.in = 32, .out = 32}, sm::relu{}, sm::dropout{.rate = 0.2},
+                     sm::linear{.in = 32, .out = 32}, sm::relu{}, sm::dropout{.rate = 0.2},
+                     sm::linear{.in = 32, .out = 5});
+  const std::size_t batch = 6;
+  const auto input = random_floats(batch * 24, 7);
+  const auto grad_out = random_floats(batch * 5, 8);
+  const sm::run_options options{.training = true, .seed = 3, .step = 9, .sample_ids = {}};
+
+  auto reference = model.make_params();
+  reference.initialize(5);
+  auto plain = model.make_workspace(batch);
+  const auto out_plain = model.forward(plain, reference, input, batch, options);
+  const std::vector<float> logits(out_plain.begin(), out_plain.end());
+  model.backward(plain, reference, grad_out);
+  const std::vector<float> grads(reference.grads().begin(), reference.grads().end());
+
+  for (std::size_t k : {1u, 2u, 3u, 4u, 13u, 20u}) {
+    CAPTURE(k);
+    auto params = model.make_params();
+    params.initialize(5);
+    auto w = model.make_workspace(batch, {.checkpoint_every = k});
+    CHECK(model.workspace_floats(batch, {.checkpoint_every = k}) == w.floats());
+    const auto out = model.forward(w, params, input, batch, options);
+    CHECK(std::vector<float>(out.begin(), out.end()) == logits);
+    model.backward(w, params, grad_out);
+    CHECK(std::vector<float>(params.grads().begin(), params.grads().end()) == grads);  // bits
+    if (k >= 2 && k <= 4) {
+      CHECK(w.activation_floats() < plain.activation_floats());
+    }
+  }
+  // Segments of 3: ends 2, 5, 8, 11, 12 kept, plus two inner output slots.
+  const auto w3 = model.make_workspace(batch, {.checkpoint_every = 3});
+  CHECK(w3.activation_floats() < plain.activation_floats() * 7 / 10);
+}

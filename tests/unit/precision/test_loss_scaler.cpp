@@ -99,23 +99,23 @@ TEST_CASE("dynamic_loss_scaler follows the reference sequence with hysteresis 1"
   // restarts the growth count.
   const std::vector<expected_step> table = {
       // overflow, applied, scale, growth_tracker, hysteresis_left, consecutive_skips
-      {F, true, 8, 1, 1, 0},    // step 0
-      {F, true, 8, 2, 1, 0},    // 1
-      {F, true, 16, 0, 1, 0},   // 2: third finite step grows
-      {O, false, 8, 0, 1, 1},   // 3
-      {F, true, 8, 1, 1, 0},    // 4
-      {F, true, 8, 2, 1, 0},    // 5
-      {O, false, 4, 0, 1, 1},   // 6: overflow one step before growth
-      {F, true, 4, 1, 1, 0},    // 7
-      {F, true, 4, 2, 1, 0},    // 8
-      {F, true, 8, 0, 1, 0},    // 9
-      {O, false, 4, 0, 1, 1},   // 10
-      {O, false, 2, 0, 1, 2},   // 11
-      {O, false, 1, 0, 1, 3},   // 12
-      {O, false, 1, 0, 1, 4},   // 13: min_scale 1 holds
-      {F, true, 1, 1, 1, 0},    // 14
-      {F, true, 1, 2, 1, 0},    // 15
-      {F, true, 2, 0, 1, 0},    // 16
+      {F, true, 8, 1, 1, 0},   // step 0
+      {F, true, 8, 2, 1, 0},   // 1
+      {F, true, 16, 0, 1, 0},  // 2: third finite step grows
+      {O, false, 8, 0, 1, 1},  // 3
+      {F, true, 8, 1, 1, 0},   // 4
+      {F, true, 8, 2, 1, 0},   // 5
+      {O, false, 4, 0, 1, 1},  // 6: overflow one step before growth
+      {F, true, 4, 1, 1, 0},   // 7
+      {F, true, 4, 2, 1, 0},   // 8
+      {F, true, 8, 0, 1, 0},   // 9
+      {O, false, 4, 0, 1, 1},  // 10
+      {O, false, 2, 0, 1, 2},  // 11
+      {O, false, 1, 0, 1, 3},  // 12
+      {O, false, 1, 0, 1, 4},  // 13: min_scale 1 holds
+      {F, true, 1, 1, 1, 0},   // 14
+      {F, true, 1, 2, 1, 0},   // 15
+      {F, true, 2, 0, 1, 0},   // 16
   };
   run_reference(scaler, table);
 }
@@ -129,21 +129,21 @@ TEST_CASE("dynamic_loss_scaler follows the reference sequence with hysteresis 2"
   // Backoff on the second overflow in a row; a finite step refills the hysteresis; an overflow
   // that does not back off still restarts the growth count.
   const std::vector<expected_step> table = {
-      {F, true, 8, 1, 2, 0},     // step 0
-      {F, true, 8, 2, 2, 0},     // 1
-      {F, true, 16, 0, 2, 0},    // 2: grows
-      {O, false, 16, 0, 1, 1},   // 3: first overflow, no backoff
-      {F, true, 16, 1, 2, 0},    // 4: refills the hysteresis
-      {O, false, 16, 0, 1, 1},   // 5: first overflow again, no backoff
-      {O, false, 8, 0, 2, 2},    // 6: second in a row backs off and refills
-      {O, false, 8, 0, 1, 3},    // 7
-      {O, false, 4, 0, 2, 4},    // 8
-      {F, true, 4, 1, 2, 0},     // 9
-      {F, true, 4, 2, 2, 0},     // 10
-      {O, false, 4, 0, 1, 1},    // 11: restarts the growth count without backoff
-      {F, true, 4, 1, 2, 0},     // 12
-      {F, true, 4, 2, 2, 0},     // 13
-      {F, true, 8, 0, 2, 0},     // 14
+      {F, true, 8, 1, 2, 0},    // step 0
+      {F, true, 8, 2, 2, 0},    // 1
+      {F, true, 16, 0, 2, 0},   // 2: grows
+      {O, false, 16, 0, 1, 1},  // 3: first overflow, no backoff
+      {F, true, 16, 1, 2, 0},   // 4: refills the hysteresis
+      {O, false, 16, 0, 1, 1},  // 5: first overflow again, no backoff
+      {O, false, 8, 0, 2, 2},   // 6: second in a row backs off and refills
+      {O, false, 8, 0, 1, 3},   // 7
+      {O, false, 4, 0, 2, 4},   // 8
+      {F, true, 4, 1, 2, 0},    // 9
+      {F, true, 4, 2, 2, 0},    // 10
+      {O, false, 4, 0, 1, 1},   // 11: restarts the growth count without backoff
+      {F, true, 4, 1, 2, 0},    // 12
+      {F, true, 4, 2, 2, 0},    // 13
+      {F, true, 8, 0, 2, 0},    // 14
   };
   run_reference(scaler, table);
 }
@@ -186,8 +186,8 @@ TEST_CASE("dynamic_loss_scaler aborts after max_consecutive_skips overflows in a
   }
   SUBCASE("the third in a row throws, naming step, scale and count") {
     dynamic_loss_scaler scaler(config);
-    CHECK(scaler.update(false));      // step 0
-    CHECK(scaler.update(false));      // step 1
+    CHECK(scaler.update(false));       // step 0
+    CHECK(scaler.update(false));       // step 1
     CHECK_FALSE(scaler.update(true));  // step 2: scale 4
     CHECK_FALSE(scaler.update(true));  // step 3: scale 2
     bool thrown = false;
@@ -308,8 +308,7 @@ TEST_CASE("restore and loss_scaler_state_from_json reject invalid states") {
         std::string::npos);
   CHECK(restore_error(with(&loss_scaler_state::scale, std::numeric_limits<double>::infinity()))
             .find("loss_scaler_state.scale") != std::string::npos);
-  CHECK(restore_error(with(&loss_scaler_state::scale, 0.5)).find("min_scale") !=
-        std::string::npos);
+  CHECK(restore_error(with(&loss_scaler_state::scale, 0.5)).find("min_scale") != std::string::npos);
   CHECK(restore_error(with(&loss_scaler_state::growth_tracker, std::uint64_t{3}))
             .find("loss_scaler_state.growth_tracker") != std::string::npos);
   CHECK(restore_error(with(&loss_scaler_state::hysteresis_left, std::uint32_t{0}))
@@ -364,10 +363,9 @@ TEST_CASE("restore and loss_scaler_state_from_json reject invalid states") {
 TEST_CASE("all_finite and unscale_and_check find NaN and inf anywhere") {
   using strata::precision::all_finite;
   using strata::precision::unscale_and_check;
-  const float bad_values[] = {std::numeric_limits<float>::quiet_NaN(),
-                              -std::numeric_limits<float>::quiet_NaN(),
-                              std::numeric_limits<float>::infinity(),
-                              -std::numeric_limits<float>::infinity()};
+  const float bad_values[] = {
+      std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::quiet_NaN(),
+      std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity()};
   for (const std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{16},
                               std::size_t{37}, std::size_t{1000003}}) {
     CAPTURE(n);
