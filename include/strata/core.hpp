@@ -8,6 +8,7 @@
 #include "strata/core/dtype.hpp"
 #include "strata/core/error.hpp"
 #include "strata/core/execution_space.hpp"
+#include "strata/core/format.hpp"
 #include "strata/core/host.hpp"
 #include "strata/core/macros.hpp"
 #include "strata/core/memory.hpp"

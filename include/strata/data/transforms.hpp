@@ -45,6 +45,7 @@
 #include <utility>
 #include <vector>
 
+#include "strata/core/format.hpp"
 #include "strata/core/rng.hpp"
 #include "strata/data/concepts.hpp"
 
@@ -56,9 +57,7 @@ namespace detail {
 template <class T>
 requires std::is_floating_point_v<T>
 inline std::string format_number(T value) {
-  char text[64] = {};
-  const auto result = std::to_chars(text, text + sizeof(text), value);
-  return std::string(text, result.ptr);
+  return format_shortest(value);
 }
 
 inline std::string format_number(std::size_t value) {

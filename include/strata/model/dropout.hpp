@@ -26,6 +26,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "strata/core/format.hpp"
 #include "strata/core/rng.hpp"
 #include "strata/core/shape.hpp"
 #include "strata/model/concepts.hpp"
@@ -36,9 +37,7 @@ namespace detail {
 
 // The shortest text that reads back as the same value ("0.1", "nan").
 inline std::string dropout_number(double value) {
-  char text[64] = {};
-  const auto result = std::to_chars(text, text + sizeof(text), value);
-  return std::string(text, result.ptr);
+  return format_shortest(value);
 }
 
 }  // namespace detail

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "strata/core/format.hpp"
 #include "strata/core/shape.hpp"
 #include "strata/model/concepts.hpp"
 
@@ -38,9 +39,7 @@ inline void layer_norm_check_span(const char* name, std::size_t have, std::size_
 
 // The shortest text that reads back as the same float.
 inline std::string layer_norm_format(float value) {
-  char text[32] = {};
-  const auto result = std::to_chars(text, text + sizeof(text), value);
-  return std::string(text, result.ptr);
+  return format_shortest(value);
 }
 
 }  // namespace detail

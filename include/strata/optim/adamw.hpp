@@ -29,6 +29,7 @@
 
 #include <Eigen/Core>
 
+#include "strata/core/format.hpp"
 #include "strata/optim/concepts.hpp"
 
 namespace strata::optim {
@@ -43,11 +44,7 @@ struct adamw_config {
 };
 
 inline std::string to_string(const adamw_config& c) {
-  const auto number = [](double value) {
-    std::array<char, 64> text{};
-    const auto result = std::to_chars(text.data(), text.data() + text.size(), value);
-    return std::string(text.data(), result.ptr);
-  };
+  const auto number = [](double value) { return format_shortest(value); };
   return "adamw_config{.beta1 = " + number(c.beta1) + ", .beta2 = " + number(c.beta2) +
          ", .eps = " + number(c.eps) + ", .weight_decay = " + number(c.weight_decay) + "}";
 }

@@ -28,6 +28,7 @@
 #include <utility>
 #include <variant>
 
+#include "strata/core/format.hpp"
 #include "strata/optim/concepts.hpp"
 
 namespace strata::optim {
@@ -36,9 +37,7 @@ namespace detail {
 
 // The shortest text that reads back as the same double ("0.1", "1e-08").
 inline std::string format_schedule_number(double value) {
-  std::array<char, 64> text{};
-  const auto result = std::to_chars(text.data(), text.data() + text.size(), value);
-  return std::string(text.data(), result.ptr);
+  return format_shortest(value);
 }
 
 [[noreturn]] inline void throw_schedule_error(std::string_view field, std::string_view rule,

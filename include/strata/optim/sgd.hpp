@@ -26,6 +26,7 @@
 
 #include <Eigen/Core>
 
+#include "strata/core/format.hpp"
 #include "strata/optim/concepts.hpp"
 
 namespace strata::optim {
@@ -39,11 +40,7 @@ struct sgd_config {
 };
 
 inline std::string to_string(const sgd_config& c) {
-  const auto number = [](double value) {
-    std::array<char, 64> text{};
-    const auto result = std::to_chars(text.data(), text.data() + text.size(), value);
-    return std::string(text.data(), result.ptr);
-  };
+  const auto number = [](double value) { return format_shortest(value); };
   return "sgd_config{.momentum = " + number(c.momentum) +
          ", .nesterov = " + (c.nesterov ? "true" : "false") +
          ", .weight_decay = " + number(c.weight_decay) + "}";

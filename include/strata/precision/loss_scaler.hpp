@@ -58,6 +58,7 @@
 #include <nlohmann/json.hpp>
 
 #include "strata/core/error.hpp"
+#include "strata/core/format.hpp"
 
 namespace strata::precision {
 
@@ -65,9 +66,7 @@ namespace detail {
 
 // The shortest text that reads back as the same double ("65536", "0.5", "1e-08").
 inline std::string loss_scaler_number(double value) {
-  std::array<char, 64> text{};
-  const auto result = std::to_chars(text.data(), text.data() + text.size(), value);
-  return std::string(text.data(), result.ptr);
+  return format_shortest(value);
 }
 
 }  // namespace detail
