@@ -23,6 +23,8 @@
 #include <vector>
 
 #include <nlohmann/json.hpp>
+
+#include "../common/args.hpp"
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
@@ -47,28 +49,11 @@ struct options {
   std::string json_path;
 };
 
-std::vector<std::size_t> parse_list(const std::string& text) {
-  std::vector<std::size_t> out;
-  std::size_t start = 0;
-  while (start <= text.size()) {
-    const std::size_t comma = std::min(text.find(',', start), text.size());
-    out.push_back(std::stoul(text.substr(start, comma - start)));
-    start = comma + 1;
-  }
-  return out;
-}
-
 options parse(int argc, char** argv) {
   options o;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "bench_loader: %s needs a value\n", a.c_str());
-        std::exit(2);
-      }
-      return argv[++i];
-    };
+    auto value = [&] { return bench::next_value(argc, argv, i, "bench_loader"); };
     if (a == "--data-dir") {
       o.data_dir = value();
     } else if (a == "--batch") {
@@ -76,7 +61,7 @@ options parse(int argc, char** argv) {
     } else if (a == "--depth") {
       o.depth = std::stoul(value());
     } else if (a == "--workers") {
-      o.workers = parse_list(value());
+      o.workers = bench::comma_list<std::size_t>(value());
     } else if (a == "--batches") {
       o.batches = std::stoul(value());
     } else if (a == "--repeats") {

@@ -20,6 +20,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "../common/args.hpp"
+
 #include "strata/core/rng.hpp"
 #include "strata/model/layers.hpp"
 #include "strata/model/sequential.hpp"
@@ -40,13 +42,7 @@ options parse(int argc, char** argv) {
   options o;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "bench_checkpointing: %s needs a value\n", a.c_str());
-        std::exit(2);
-      }
-      return argv[++i];
-    };
+    auto value = [&] { return bench::next_value(argc, argv, i, "bench_checkpointing"); };
     if (a == "--width") {
       o.width = std::stoul(value());
     } else if (a == "--batch") {

@@ -24,6 +24,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "../common/args.hpp"
+
 #include "strata/data/idx.hpp"
 #include "strata/data/prefetch_loader.hpp"
 #include "strata/data/transforms.hpp"
@@ -60,13 +62,7 @@ options parse(int argc, char** argv) {
   o.self = argv[0];
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "bench_trainer: %s needs a value\n", a.c_str());
-        std::exit(2);
-      }
-      return argv[++i];
-    };
+    auto value = [&] { return bench::next_value(argc, argv, i, "bench_trainer"); };
     if (a == "--data-dir") {
       o.data_dir = value();
     } else if (a == "--batch") {
@@ -74,14 +70,7 @@ options parse(int argc, char** argv) {
     } else if (a == "--steps") {
       o.steps = std::stoul(value());
     } else if (a == "--threads") {
-      o.threads.clear();
-      const std::string list = value();
-      std::size_t start = 0;
-      while (start <= list.size()) {
-        const std::size_t comma = std::min(list.find(',', start), list.size());
-        o.threads.push_back(std::stoi(list.substr(start, comma - start)));
-        start = comma + 1;
-      }
+      o.threads = bench::comma_list<int>(value());
     } else if (a == "--repeats") {
       o.repeats = std::max<std::size_t>(1, std::stoul(value()));
     } else if (a == "--no-torch") {

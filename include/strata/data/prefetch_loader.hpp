@@ -187,7 +187,6 @@ class prefetch_loader {
     sampler_.set_epoch(epoch,
                        std::min(first_batch * config_.batch_size, sampler_.samples_per_rank()));
     epoch_ = epoch;
-    first_batch_ = first_batch;
     next_batch_ = first_batch;
     end_batch_ = batches_per_epoch();
     holding_ = false;
@@ -489,7 +488,6 @@ class prefetch_loader {
 
   // Epoch state, written by start_epoch() before the workers start.
   std::uint32_t epoch_ = 0;
-  std::size_t first_batch_ = 0;
   std::size_t end_batch_ = 0;
   bool started_ = false;
 

@@ -332,7 +332,10 @@ inline void check_config_hash(const loaded_checkpoint& checkpoint, std::string_v
     detail::checkpoint_fail(checkpoint.info.path, "config hash",
                             "checkpoint " + checkpoint.info.name + " was saved with config hash '" +
                                 checkpoint.config_hash + "', this run has config hash '" +
-                                std::string(expected) + "'");
+                                std::string(expected) +
+                                "': a key that changes the numbers differs (learning rate, "
+                                "batch, epochs, seed, ...). Start afresh with resume = false or "
+                                "another checkpoint_dir");
   }
 }
 

@@ -620,15 +620,7 @@ class trainer {
     if (!loaded) {
       return std::nullopt;
     }
-    const std::string expected = config_hash(cfg_);
-    if (loaded->config_hash != expected) {
-      throw checkpoint_error(
-          {.path = loaded->info.path.string(), .check = "config hash"},
-          "checkpoint " + loaded->info.name + " was saved by a configuration with hash '" +
-              loaded->config_hash + "', this run's is '" + expected +
-              "': a key that changes the numbers differs (learning rate, batch, epochs, seed, "
-              "...). Start afresh with resume = false or another checkpoint_dir");
-    }
+    check_config_hash(*loaded, config_hash(cfg_));
     const nlohmann::json& s = loaded->state;
     loaded->copy_blob("rank-0.params.bin", params_.values());
     loaded->copy_blob("rank-0.optimizer.bin", state_.span());
