@@ -170,6 +170,15 @@ struct train_config {
   std::int64_t adaptive_batch_min = 8;
   std::int64_t adaptive_batch_max = 512;
 
+  // Mixed precision: the dynamic loss scaler of float16 (and of bfloat16 when given one).
+  double loss_scale_initial = 65536.0;
+  double loss_scale_growth_factor = 2.0;
+  double loss_scale_backoff_factor = 0.5;
+  std::int64_t loss_scale_growth_interval = 2000;
+  std::int64_t loss_scale_hysteresis = 1;
+  double loss_scale_min = 1.0;
+  std::int64_t loss_scale_max_skips = 20;
+
   // Communication.
   double comm_timeout = 300.0;  // seconds any wait may take before it becomes a comm_error
 
@@ -315,6 +324,21 @@ constexpr void visit_keys(Visitor&& v) {
             "Smallest micro-batch the adaptive policy may use."});
   v(int_key{"adaptive_batch_max", &c::adaptive_batch_max, 1, 1 << 20,
             "Largest micro-batch the adaptive policy may use."});
+  // Mixed precision.
+  v(real_key{"loss_scale_initial", &c::loss_scale_initial, 1.0, 1099511627776.0, false,
+             "Loss scale at the start (float16 dynamic loss scaling)."});
+  v(real_key{"loss_scale_growth_factor", &c::loss_scale_growth_factor, 1.0, 1024.0, true,
+             "Factor the loss scale grows by after loss_scale_growth_interval finite steps."});
+  v(real_key{"loss_scale_backoff_factor", &c::loss_scale_backoff_factor, 0.0, 0.999, true,
+             "Factor the loss scale shrinks by on an overflow."});
+  v(int_key{"loss_scale_growth_interval", &c::loss_scale_growth_interval, 1, int_max,
+            "Finite steps in a row before the loss scale grows."});
+  v(int_key{"loss_scale_hysteresis", &c::loss_scale_hysteresis, 1, 1 << 20,
+            "Overflows in a row before the loss scale backs off."});
+  v(real_key{"loss_scale_min", &c::loss_scale_min, 1e-30, 1099511627776.0, false,
+             "Smallest loss scale."});
+  v(int_key{"loss_scale_max_skips", &c::loss_scale_max_skips, 1, 1 << 20,
+            "Overflowed steps in a row that abort training, naming the step and scale."});
   // Communication.
   v(real_key{"comm_timeout", &c::comm_timeout, 0.0, 86400.0, true,
              "Seconds any communication wait may take before it fails on every rank."});

@@ -78,6 +78,12 @@ inline void validate(const train_config& cfg, std::string_view source = {}) {
             "adaptive_batch_max = " +
             s(cfg.adaptive_batch_min) + " .. " + s(cfg.adaptive_batch_max));
   }
+  if (cfg.loss_scale_min > cfg.loss_scale_initial) {
+    throw config_error(
+        at("loss_scale_min"),
+        "loss_scale_min = " + detail::format_real(cfg.loss_scale_min) +
+            " is larger than loss_scale_initial = " + detail::format_real(cfg.loss_scale_initial));
+  }
   if (cfg.warmup_epochs >= static_cast<double>(cfg.epochs) && cfg.warmup_epochs > 0.0) {
     throw config_error(at("warmup_epochs"),
                        "warmup_epochs = " + detail::format_real(cfg.warmup_epochs) +

@@ -50,6 +50,7 @@
 #include <utility>
 #include <vector>
 
+#include "strata/core/dtype.hpp"
 #include "strata/core/rng.hpp"
 #include "strata/core/shape.hpp"
 
@@ -170,6 +171,10 @@ struct run_options {
   std::uint64_t seed = 0;  // with step, keys the layers' randomness (dropout)
   std::uint32_t step = 0;
   std::span<const std::uint64_t> sample_ids{};  // per sample (dataset indices); empty: positions
+  // The type activations are stored in: every layer output (forward) and input gradient
+  // (backward) is rounded through it (core/round.hpp). float32: no rounding. Mixed precision
+  // on the host sets float16 or bfloat16.
+  dtype storage = dtype::float32;
 };
 
 struct backward_args {

@@ -19,6 +19,8 @@
 // buffers. Input gradients are computed only where a layer further down has parameters: the
 // layers in front of the first parameter (flatten, the first linear's input) skip them, and a
 // parameter-free layer with no input gradient to give is not run backward at all.
+// With run_options.storage float16 or bfloat16, every layer output and input gradient is
+// rounded through that type as it is written (mixed precision on the host).
 
 #include <algorithm>
 #include <array>
@@ -32,6 +34,7 @@
 #include <vector>
 
 #include "strata/core/host.hpp"
+#include "strata/core/round.hpp"
 #include "strata/core/shape.hpp"
 #include "strata/model/concepts.hpp"
 #include "strata/model/param_store.hpp"
@@ -248,6 +251,7 @@ class sequential {
       a.workspace = saved_of(w, I, l, batch);
       if (!a.grads.empty() || !grad_in.empty()) {
         layer_traits<layer_t<I>>::backward(l, a);
+        round_through(grad_in, w.options_.storage);
       }
       upstream = grad_in;
       into_a = !into_a;
@@ -314,6 +318,7 @@ class sequential {
       a.rng = {.seed = options.seed, .step = options.step, .layer = static_cast<std::uint32_t>(I)};
       a.sample_ids = options.sample_ids;
       layer_traits<layer_t<I>>::forward(l, a);
+      round_through(a.output, options.storage);
     });
   }
 

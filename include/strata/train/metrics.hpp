@@ -27,7 +27,10 @@ struct step_metrics {
   double compute_seconds = 0.0;  // forward, backward, optimizer
   double comm_seconds = 0.0;     // gradient communication (0 on one rank)
   double samples_per_second = 0.0;
-  std::size_t peak_bytes = 0;  // host memory accounted by strata, peak so far
+  std::size_t peak_bytes = 0;   // host memory accounted by strata, peak so far
+  bool skipped = false;         // mixed precision: the gradients overflowed, no update was made
+  double loss_scale = 1.0;      // the loss scale the step ran with (1 without a scaler)
+  std::size_t micro_batch = 0;  // samples per micro-step (batch::adaptive changes it)
 
   friend bool operator==(const step_metrics&, const step_metrics&) = default;
 };
@@ -47,6 +50,7 @@ struct epoch_metrics {
   double compute_seconds = 0.0;
   double comm_seconds = 0.0;
   std::size_t peak_bytes = 0;
+  std::uint64_t skipped_steps = 0;  // steps without an update (gradient overflow)
 
   friend bool operator==(const epoch_metrics&, const epoch_metrics&) = default;
 };
@@ -64,7 +68,10 @@ inline nlohmann::json to_json(const step_metrics& m) {
           {"compute_s", m.compute_seconds},
           {"comm_s", m.comm_seconds},
           {"samples_per_s", m.samples_per_second},
-          {"peak_bytes", m.peak_bytes}};
+          {"peak_bytes", m.peak_bytes},
+          {"skipped", m.skipped},
+          {"loss_scale", m.loss_scale},
+          {"micro_batch", m.micro_batch}};
 }
 
 inline nlohmann::json to_json(const epoch_metrics& m) {
@@ -81,7 +88,8 @@ inline nlohmann::json to_json(const epoch_metrics& m) {
           {"data_s", m.data_seconds},
           {"compute_s", m.compute_seconds},
           {"comm_s", m.comm_seconds},
-          {"peak_bytes", m.peak_bytes}};
+          {"peak_bytes", m.peak_bytes},
+          {"skipped_steps", m.skipped_steps}};
 }
 
 // One JSON object per line; flushed per epoch row so that a crash loses at most the current

@@ -46,6 +46,7 @@
 #include "strata/core/error.hpp"
 #include "strata/core/host.hpp"
 #include "strata/core/policy.hpp"
+#include "strata/core/round.hpp"
 #include "strata/data/concepts.hpp"
 #include "strata/data/prefetch_loader.hpp"
 #include "strata/data/sampler.hpp"
@@ -57,6 +58,8 @@
 #include "strata/optim/lr_schedule.hpp"
 #include "strata/parallel/single_rank.hpp"
 #include "strata/precision/fp32.hpp"
+#include "strata/precision/loss_scaler.hpp"
+#include "strata/precision/mixed.hpp"
 #include "strata/train/checkpoint.hpp"
 #include "strata/train/metrics.hpp"
 #include "strata/train/progress.hpp"
@@ -128,6 +131,17 @@ inline std::string config_hash(config::train_config cfg) {
   return out;
 }
 
+namespace detail {
+template <class P>
+struct scaler_of {
+  using type = precision::no_loss_scaler;
+};
+template <class T, class S>
+struct scaler_of<precision::mixed<T, S>> {
+  using type = S;
+};
+}  // namespace detail
+
 template <class Model, class... Policies>
 class trainer {
   static_assert(model::check_model<Model>());
@@ -141,8 +155,13 @@ class trainer {
                 "trainer: this version runs the batch policies 'batch::fixed' and "
                 "'batch::accumulate' only");
   static constexpr bool accumulates = std::is_same_v<batch_policy, batch::accumulate>;
-  static_assert(std::is_same_v<precision_policy, precision::fp32>,
-                "trainer: this version runs the precision policy 'precision::fp32' only");
+  using precision_traits = precision::precision_traits<precision_policy>;
+  static_assert(std::is_same_v<precision_policy, precision::fp32> || precision_traits::is_mixed,
+                "trainer: this version runs the precision policies 'precision::fp32' and "
+                "'precision::mixed<T, Scaler>' only");
+  static constexpr bool mixed = precision_traits::is_mixed;
+  static constexpr bool scaled = precision_traits::has_scaler;
+  static constexpr dtype compute_dtype = precision_traits::compute_dtype;
   static_assert(std::is_same_v<parallel_policy, parallel::single_rank>,
                 "trainer: this version runs the parallel policy 'parallel::single_rank' only");
 
@@ -163,6 +182,12 @@ class trainer {
     params_.initialize(static_cast<std::uint64_t>(cfg_.seed));
     state_ = buffer<float>(params_.size() * optimizer_.state_per_parameter(),
                            {.alignment = 64, .zero_fill = true});
+    if constexpr (mixed) {
+      compute_ = model_.make_params();
+    }
+    if constexpr (scaled) {
+      scaler_.emplace(scaler_config(cfg_));
+    }
   }
 
   const Model& model() const noexcept { return model_; }
@@ -177,6 +202,23 @@ class trainer {
   void on_epoch(std::function<void(const epoch_metrics&)> f) {
     epoch_callbacks_.push_back(std::move(f));
   }
+  // Called once per optimizer step after the last backward, before the overflow check and the
+  // update, with the step number and the step's gradients as the precision policy holds them
+  // (mixed: the compute copy's, multiplied by the loss scale). For inspection and for tests that
+  // inject faults (an inf here makes a mixed-precision step skip).
+  void on_gradients(std::function<void(std::uint64_t, std::span<float>)> f) {
+    gradient_callbacks_.push_back(std::move(f));
+  }
+
+  // Mixed precision: the loss scale now (1 without a scaler) and the steps skipped so far.
+  double loss_scale() const noexcept {
+    if constexpr (scaled) {
+      return scaler_->scale();
+    } else {
+      return 1.0;
+    }
+  }
+  std::uint64_t skipped_steps() const noexcept { return skipped_steps_; }
 
   // Trains for config().epochs epochs in all (continuing a checkpointed run when resume is on),
   // evaluating on `test` after every epoch.
@@ -261,7 +303,8 @@ class trainer {
         const std::size_t step_samples =
             std::min(samples_per_rank, (first + micro) * micro_batch) - first * micro_batch;
         const double lr = schedule.lr(step_);
-        params_.zero_grads();
+        const double scale = loss_scale();
+        begin_step();
         model::loss_result loss{};
         double data_seconds = 0.0;
         double compute = 0.0;
@@ -270,13 +313,14 @@ class trainer {
           const auto compute_begin = clock::now();
           data_seconds += b->wait_seconds;
           const model::loss_result part =
-              micro_step(*b, work, grad_logits, classes, 1.0f / static_cast<float>(step_samples));
+              micro_step(*b, work, grad_logits, classes,
+                         static_cast<float>(scale / static_cast<double>(step_samples)));
           loss.loss_sum += part.loss_sum;
           loss.correct += part.correct;
           compute += seconds_since(compute_begin);
         }
         const auto update_begin = clock::now();
-        apply_update(lr);
+        const bool applied = finish_step(lr);
         compute += seconds_since(update_begin);
         const auto samples = static_cast<double>(step_samples);
         step_metrics sm{.epoch = epoch,
@@ -290,11 +334,15 @@ class trainer {
                         .compute_seconds = compute,
                         .comm_seconds = 0.0,
                         .samples_per_second = samples / (data_seconds + compute),
-                        .peak_bytes = host{}.memory().stats().peak};
+                        .peak_bytes = host{}.memory().stats().peak,
+                        .skipped = !applied,
+                        .loss_scale = scale,
+                        .micro_batch = micro_batch};
         ++step_;
         loss_sum += loss.loss_sum;
         correct += loss.correct;
         em.steps += 1;
+        em.skipped_steps += applied ? 0 : 1;
         em.samples += step_samples;
         em.data_seconds += sm.data_seconds;
         em.compute_seconds += sm.compute_seconds;
@@ -380,13 +428,15 @@ class trainer {
     eval_result out;
     double loss_sum = 0.0;
     std::size_t correct = 0;
+    cast_to_compute();
     loader.start_epoch(0);
     while (auto b = loader.next()) {
-      const auto logits = model_.forward(eval_work_, params_, b->inputs, b->size,
+      const auto logits = model_.forward(eval_work_, compute_params(), b->inputs, b->size,
                                          {.training = false,
                                           .seed = static_cast<std::uint64_t>(cfg_.seed),
                                           .step = 0,
-                                          .sample_ids = {}});
+                                          .sample_ids = {},
+                                          .storage = compute_dtype});
       const model::loss_result r = loss_.evaluate({.batch = b->size,
                                                    .classes = classes,
                                                    .logits = logits,
@@ -520,10 +570,22 @@ class trainer {
              "strata::batch::accumulate to accumulate " +
                  std::to_string(cfg_.gradient_accumulation_steps) + " micro-batches");
     }
-    if (cfg_.mixed_precision_dtype != config::precision_dtype::float32) {
+    const config::precision_dtype wanted =
+        compute_dtype == dtype::float16    ? config::precision_dtype::float16
+        : compute_dtype == dtype::bfloat16 ? config::precision_dtype::bfloat16
+                                           : config::precision_dtype::float32;
+    if (cfg_.mixed_precision_dtype != wanted) {
       refuse("mixed_precision_dtype",
-             "this trainer runs precision::fp32; float16 and bfloat16 are other precision "
-             "policies");
+             "the trainer's precision policy is " + std::string(precision_policy::name) +
+                 ", which computes in " +
+                 std::string(
+                     config::enum_names<config::precision_dtype>::names[static_cast<std::size_t>(
+                         wanted)]) +
+                 "; give the trainer the policy for " +
+                 std::string(
+                     config::enum_names<config::precision_dtype>::names[static_cast<std::size_t>(
+                         cfg_.mixed_precision_dtype)]) +
+                 " (precision::fp32, precision::fp16, precision::bf16)");
     }
     // The config allows 1.0 for these; the update rules divide by (1 - value) or never decay.
     if (cfg_.optimizer == config::optimizer_kind::sgd && cfg_.momentum >= 1.0) {
@@ -547,11 +609,13 @@ class trainer {
                                 std::size_t classes, float grad_scale) {
     static_assert(std::is_same_v<std::size_t, std::uint64_t>,
                   "trainer: sample ids are passed as dataset indices (size_t == uint64_t)");
-    const auto logits = model_.forward(work, params_, b.inputs, b.size,
+    model::param_store& p = compute_params();
+    const auto logits = model_.forward(work, p, b.inputs, b.size,
                                        {.training = true,
                                         .seed = static_cast<std::uint64_t>(cfg_.seed),
                                         .step = static_cast<std::uint32_t>(step_),
-                                        .sample_ids = std::span<const std::uint64_t>(b.indices)});
+                                        .sample_ids = std::span<const std::uint64_t>(b.indices),
+                                        .storage = compute_dtype});
     const std::span<float> grad(grad_logits.data(), b.size * classes);
     const model::loss_result loss = loss_.evaluate({.batch = b.size,
                                                     .classes = classes,
@@ -559,8 +623,76 @@ class trainer {
                                                     .labels = b.labels,
                                                     .grad_logits = grad,
                                                     .grad_scale = grad_scale});
-    model_.backward(work, params_, grad);
+    model_.backward(work, p, grad);
+    if constexpr (mixed) {
+      // The gradients are stored in the compute type: accumulation over micro-steps rounds
+      // there, and a float16 gradient beyond 65504 becomes inf.
+      round_through(p.grads(), compute_dtype);
+    }
     return loss;
+  }
+
+  // The parameters the model runs on: the master copy in fp32, the compute copy when mixed.
+  model::param_store& compute_params() noexcept {
+    if constexpr (mixed) {
+      return compute_;
+    } else {
+      return params_;
+    }
+  }
+
+  // Mixed: the compute copy takes the master values rounded through the compute type.
+  void cast_to_compute() {
+    if constexpr (mixed) {
+      const std::span<const float> master = std::as_const(params_).values();
+      const std::span<float> copy = compute_.values();
+      std::copy(master.begin(), master.end(), copy.begin());
+      round_through(copy, compute_dtype);
+    }
+  }
+
+  // Before a step's first micro-step: fresh gradients (and the compute copy when mixed).
+  void begin_step() {
+    cast_to_compute();
+    compute_params().zero_grads();
+  }
+
+  // After a step's last micro-step: hand the gradients to the callbacks, then (mixed) unscale
+  // them into the master gradients and check them; apply the update unless they overflowed.
+  // Returns whether the update was applied.
+  bool finish_step(double lr) {
+    for (auto& f : gradient_callbacks_) {
+      f(step_, compute_params().grads());
+    }
+    if constexpr (mixed) {
+      const std::span<const float> from = std::as_const(compute_).grads();
+      const std::span<float> to = params_.grads();
+      std::copy(from.begin(), from.end(), to.begin());
+      // One rank here; a data-parallel policy reduces `finite` with a max over every rank that
+      // holds parameters before this decision, so that every rank skips together.
+      const bool finite = precision::unscale_and_check(to, loss_scale());
+      bool apply = finite;
+      if constexpr (scaled) {
+        apply = scaler_->update(!finite);
+      }
+      if (!apply) {
+        ++skipped_steps_;
+        return false;
+      }
+    }
+    apply_update(lr);
+    return true;
+  }
+
+  static precision::loss_scaler_config scaler_config(const config::train_config& c) {
+    return {.initial_scale = c.loss_scale_initial,
+            .growth_factor = c.loss_scale_growth_factor,
+            .backoff_factor = c.loss_scale_backoff_factor,
+            .growth_interval = static_cast<std::uint64_t>(c.loss_scale_growth_interval),
+            .hysteresis = static_cast<std::uint32_t>(c.loss_scale_hysteresis),
+            .min_scale = c.loss_scale_min,
+            .max_scale = precision::loss_scaler_config{}.max_scale,
+            .max_consecutive_skips = static_cast<std::uint32_t>(c.loss_scale_max_skips)};
   }
 
   // One optimizer update per parameter tensor at rate lr.
@@ -577,6 +709,14 @@ class trainer {
                          .state = state.subspan(e.offset * per, n * per),
                          .lr = lr,
                          .weight_decay = e.spec.weight_decay});
+    }
+  }
+
+  nlohmann::json scaler_json() const {
+    if constexpr (scaled) {
+      return precision::to_json(scaler_->state());
+    } else {
+      return nullptr;
     }
   }
 
@@ -599,7 +739,9 @@ class trainer {
         {"optimizer",
          {{"describe", optimizer_.describe()}, {"step_count", optimizer_.step_count()}}},
         {"lr_schedule", {{"step", step_}}},
-        {"loss_scaler", nullptr},
+        {"loss_scaler", scaler_json()},
+        {"skipped_steps", skipped_steps_},
+        {"precision", std::string(precision_policy::name)},
         {"layout", {{"world_size", 1}, {"parallel", std::string(parallel_policy::name)}}},
         {"params_xxh3", xxh3_hex(params_.values())}};
     const std::span<const float> values = params_.values();
@@ -626,6 +768,10 @@ class trainer {
     loaded->copy_blob("rank-0.optimizer.bin", state_.span());
     step_ = s.at("step").get<std::uint64_t>();
     optimizer_.set_step_count(s.at("optimizer").at("step_count").get<std::uint64_t>());
+    if constexpr (scaled) {
+      scaler_->restore(precision::loss_scaler_state_from_json(s.at("loss_scaler")));
+    }
+    skipped_steps_ = s.contains("skipped_steps") ? s.at("skipped_steps").get<std::uint64_t>() : 0;
     resume_point point{.epoch = s.at("epoch").get<std::uint64_t>(),
                        .next_batch = s.at("next_batch").get<std::uint64_t>(),
                        .name = loaded->info.name};
@@ -645,6 +791,10 @@ class trainer {
   std::uint64_t step_ = 0;
   std::vector<std::function<void(const step_metrics&)>> step_callbacks_{};
   std::vector<std::function<void(const epoch_metrics&)>> epoch_callbacks_{};
+  std::vector<std::function<void(std::uint64_t, std::span<float>)>> gradient_callbacks_{};
+  model::param_store compute_{};  // mixed: the compute copy the model runs on
+  std::optional<typename detail::scaler_of<precision_policy>::type> scaler_{};
+  std::uint64_t skipped_steps_ = 0;
 };
 
 }  // namespace strata::train

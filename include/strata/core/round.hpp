@@ -1,0 +1,112 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+// round_through(values, type): replaces every float by the nearest value of a narrower floating
+// type, in place, exactly as converting to that type and back would (round to nearest, ties to
+// even; beyond the largest finite value, infinity; NaN stays NaN). This is how host code keeps
+// the numerics of a 16-bit tensor while computing in float: mixed precision on the host rounds
+// parameters, activations and gradients through float16 or bfloat16 at the points where a
+// device would store them in that type.
+//
+//   strata::round_through(grads, strata::dtype::float16);  // |g| > 65504 becomes +-inf
+//
+// Speed: bfloat16 is integer arithmetic on the bits, branch-free, which the compiler vectorizes.
+// float16 uses the F16C conversion instructions where the processor has them (checked once at
+// run time, so a portable build uses them too), else the exact software conversion of
+// core/dtype.hpp. Both give the same values; NaN payloads may differ.
+
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <stdexcept>
+#include <string>
+
+#include "strata/core/dtype.hpp"
+
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__) && !defined(__CUDACC__)
+#define STRATA_ROUND_F16C 1
+#include <immintrin.h>
+#endif
+
+namespace strata {
+
+namespace detail {
+
+inline void round_through_bfloat16(float* p, std::size_t n) noexcept {
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::uint32_t u = std::bit_cast<std::uint32_t>(p[i]);
+    const bool nan = (u & 0x7fffffffu) > 0x7f800000u;
+    const std::uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    const std::uint32_t quiet = (u | 0x00400000u) & 0xffff0000u;
+    p[i] = std::bit_cast<float>(nan ? quiet : rounded);
+  }
+}
+
+inline void round_through_float16_portable(float* p, std::size_t n) noexcept {
+  for (std::size_t i = 0; i < n; ++i) {
+    p[i] = half_bits_to_float(float_to_half_bits(p[i]));
+  }
+}
+
+#ifdef STRATA_ROUND_F16C
+__attribute__((target("avx,f16c"))) inline void round_through_float16_f16c(float* p,
+                                                                           std::size_t n) noexcept {
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 x = _mm256_loadu_ps(p + i);
+    const __m128i h = _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    _mm256_storeu_ps(p + i, _mm256_cvtph_ps(h));
+  }
+  for (; i < n; ++i) {
+    const __m128 x = _mm_set_ss(p[i]);
+    const __m128i h = _mm_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    p[i] = _mm_cvtss_f32(_mm_cvtph_ps(h));
+  }
+}
+
+inline bool has_f16c() noexcept {
+  static const bool yes = __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
+  return yes;
+}
+#endif
+
+}  // namespace detail
+
+// Whether float16 rounding runs on the F16C instructions here.
+inline bool round_through_uses_f16c() noexcept {
+#ifdef STRATA_ROUND_F16C
+  return detail::has_f16c();
+#else
+  return false;
+#endif
+}
+
+// Rounds every value through `type`: float32 leaves them as they are; float16 and bfloat16 round
+// as described above. Other types throw std::invalid_argument.
+inline void round_through(std::span<float> values, dtype type) {
+  switch (type) {
+    case dtype::float32:
+      return;
+    case dtype::bfloat16:
+      detail::round_through_bfloat16(values.data(), values.size());
+      return;
+    case dtype::float16:
+#ifdef STRATA_ROUND_F16C
+      if (detail::has_f16c()) {
+        detail::round_through_float16_f16c(values.data(), values.size());
+        return;
+      }
+#endif
+      detail::round_through_float16_portable(values.data(), values.size());
+      return;
+    default:
+      break;
+  }
+  throw std::invalid_argument(
+      "round_through: values can be rounded through float32, float16 or "
+      "bfloat16, not " +
+      std::string(to_string(type)));
+}
+
+}  // namespace strata

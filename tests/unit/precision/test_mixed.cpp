@@ -1,0 +1,344 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "strata/precision/mixed.hpp"
+
+#include <doctest/doctest.h>
+
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <limits>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "strata/core/round.hpp"
+#include "strata/data/transforms.hpp"
+#include "strata/model/layers.hpp"
+#include "strata/model/sequential.hpp"
+#include "strata/train/trainer.hpp"
+
+namespace fs = std::filesystem;
+namespace sd = strata::data;
+namespace sm = strata::model;
+namespace sp = strata::precision;
+namespace st = strata::train;
+
+namespace {
+
+// Bits that cover every class of float: zeros, subnormals, normals near the 16-bit types'
+// limits and rounding ties, infinities and NaNs, plus random patterns.
+std::vector<float> probe_values() {
+  std::vector<float> v;
+  const std::uint32_t specials[] = {
+      0x00000000u, 0x80000000u, 0x00000001u, 0x007fffffu, 0x00800000u, 0x33000000u, 0x33000001u,
+      0x337fffffu, 0x387fc000u, 0x38800000u, 0x3f800000u, 0x3f801000u, 0x3f802000u, 0x3f803000u,
+      0x3f808000u, 0x3f818000u, 0x477fe000u, 0x477fefffu, 0x477ff000u, 0x477fffffu, 0x47800000u,
+      0x7f7fffffu, 0x7f7f8000u, 0x7f800000u, 0xff800000u, 0x7fc00000u, 0x7f800001u, 0xffc00001u};
+  for (const std::uint32_t b : specials) {
+    v.push_back(std::bit_cast<float>(b));
+    v.push_back(-std::bit_cast<float>(b));
+  }
+  strata::rng_stream rng = strata::rng_stream::for_sample(7, 0, 0);
+  for (int i = 0; i < 200000; ++i) {
+    v.push_back(std::bit_cast<float>(static_cast<std::uint32_t>(rng.next_u64())));
+  }
+  // Values in the range training produces.
+  for (int i = 0; i < 50000; ++i) {
+    v.push_back(rng.normal_float() * std::ldexp(1.0f, static_cast<int>(rng.next_u64() % 40) - 30));
+  }
+  return v;
+}
+
+bool same_value(float a, float b) {
+  return (std::isnan(a) && std::isnan(b)) ||
+         std::bit_cast<std::uint32_t>(a) == std::bit_cast<std::uint32_t>(b);
+}
+
+// Four Gaussian blobs in 8 dimensions, one per class; sample i is fixed by i.
+struct blobs {
+  using dataset_category = sd::dataset_tag;
+  std::size_t n = 512;
+  std::uint64_t salt = 0;
+  std::size_t size() const { return n; }
+  strata::sample_shape shape() const { return {.channels = 1, .height = 1, .width = 8}; }
+  std::int32_t read(std::size_t i, std::span<float> out) const {
+    const auto label = static_cast<std::int32_t>(i % 4);
+    strata::rng_stream rng = strata::rng_stream::for_sample(99 + salt, 0, i);
+    for (std::size_t e = 0; e < 8; ++e) {
+      const float centre = (e % 4 == static_cast<std::size_t>(label)) ? 2.0f : 0.0f;
+      out[e] = centre + 0.7f * rng.normal_float();
+    }
+    return label;
+  }
+};
+
+auto small_model() {
+  return sm::sequential(strata::sample_shape{.channels = 1, .height = 1, .width = 8},
+                        sm::linear{.in = 8, .out = 32}, sm::relu{}, sm::dropout{.rate = 0.1},
+                        sm::linear{.in = 32, .out = 4});
+}
+
+strata::config::train_config base_config(const std::string& name) {
+  const fs::path dir = fs::path(STRATA_TEST_WORK_DIR) / "mixed" / name;
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  strata::config::train_config cfg;
+  cfg.epochs = 3;
+  cfg.batch_size_per_gpu = 32;
+  cfg.lr = 0.05;
+  cfg.loader_workers = 1;
+  cfg.checkpoint_dir = (dir / "ckpt").string();
+  cfg.checkpoint_interval = 1;
+  cfg.warmup_epochs = 0.5;
+  return cfg;
+}
+
+bool representable(std::span<const float> values, strata::dtype type) {
+  std::vector<float> copy(values.begin(), values.end());
+  strata::round_through(copy, type);
+  for (std::size_t i = 0; i < copy.size(); ++i) {
+    if (!same_value(copy[i], values[i])) {
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("round_through equals a conversion to the 16-bit type and back") {
+  const std::vector<float> values = probe_values();
+  for (const strata::dtype type : {strata::dtype::float16, strata::dtype::bfloat16}) {
+    std::vector<float> rounded = values;
+    strata::round_through(rounded, type);
+    std::size_t wrong = 0;
+    for (std::size_t i = 0; i < values.size(); ++i) {
+      const float want = type == strata::dtype::float16
+                             ? static_cast<float>(strata::float16(values[i]))
+                             : static_cast<float>(strata::bfloat16(values[i]));
+      if (!same_value(rounded[i], want)) {
+        if (wrong++ < 5) {
+          INFO("value bits ", std::bit_cast<std::uint32_t>(values[i]));
+          CHECK(std::bit_cast<std::uint32_t>(rounded[i]) == std::bit_cast<std::uint32_t>(want));
+        }
+      }
+    }
+    CHECK_MESSAGE(wrong == 0, strata::to_string(type));
+  }
+  // The software path agrees with whichever path round_through took.
+  std::vector<float> portable = values;
+  strata::detail::round_through_float16_portable(portable.data(), portable.size());
+  std::vector<float> fast = values;
+  strata::round_through(fast, strata::dtype::float16);
+  std::size_t differ = 0;
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    differ += same_value(portable[i], fast[i]) ? 0 : 1;
+  }
+  CHECK(differ == 0);
+  MESSAGE("float16 rounding on F16C: ", strata::round_through_uses_f16c());
+  // Overflow and float32 identity.
+  std::vector<float> big = {70000.0f, -65520.0f, 65519.0f};
+  strata::round_through(big, strata::dtype::float16);
+  CHECK(std::isinf(big[0]));
+  CHECK(std::isinf(big[1]));
+  CHECK(big[2] == 65504.0f);
+  std::vector<float> same = {0.1f};
+  strata::round_through(same, strata::dtype::float32);
+  CHECK(same[0] == 0.1f);
+  CHECK_THROWS_WITH_AS(strata::round_through(same, strata::dtype::int32),
+                       doctest::Contains("int32"), std::invalid_argument);
+}
+
+TEST_CASE("sequential stores activations and input gradients in the storage type") {
+  const auto model = small_model();
+  auto params = model.make_params();
+  params.initialize(3);
+  auto work = model.make_workspace(16);
+  std::vector<float> input(16 * 8);
+  for (std::size_t i = 0; i < input.size(); ++i) {
+    input[i] = 0.37f * static_cast<float>(i % 11) - 1.3f;
+  }
+  const auto out = model.forward(work, params, input, 16,
+                                 {.training = true, .storage = strata::dtype::bfloat16});
+  CHECK(representable(out, strata::dtype::bfloat16));
+  const std::vector<float> plain(out.begin(), out.end());
+  const auto full = model.forward(work, params, input, 16, {.training = true});
+  bool differs = false;
+  for (std::size_t i = 0; i < plain.size(); ++i) {
+    differs = differs || plain[i] != full[i];
+  }
+  CHECK(differs);  // the rounding is real
+}
+
+TEST_CASE("bfloat16 training keeps float32 master weights and learns like float32") {
+  auto cfg = base_config("bf16");
+  const blobs train{.n = 512};
+  const blobs test{.n = 256, .salt = 1};
+  st::trainer<decltype(small_model()), sp::fp32> full(small_model(), cfg,
+                                                      {.print_progress = false});
+  const st::fit_summary f = full.fit(train, sd::identity{}, test, sd::identity{});
+
+  cfg = base_config("bf16");
+  cfg.mixed_precision_dtype = strata::config::precision_dtype::bfloat16;
+  st::trainer<decltype(small_model()), sp::bf16> half(small_model(), cfg,
+                                                      {.print_progress = false});
+  std::size_t steps = 0;
+  half.on_gradients([&](std::uint64_t, std::span<float> grads) {
+    CHECK(representable(grads, strata::dtype::bfloat16));
+    ++steps;
+  });
+  const st::fit_summary h = half.fit(train, sd::identity{}, test, sd::identity{});
+  CHECK(steps == h.steps);
+  CHECK(half.skipped_steps() == 0);
+  CHECK(half.loss_scale() == 1.0);
+  // The master weights took float32 updates: they are not all bfloat16 values.
+  CHECK_FALSE(representable(half.params().values(), strata::dtype::bfloat16));
+  CHECK(f.params_xxh3 != h.params_xxh3);
+  CHECK(h.test_accuracy > 0.9);
+  CHECK(std::abs(h.test_accuracy - f.test_accuracy) <= 0.02);
+}
+
+TEST_CASE("float16 with injected overflows skips those steps bit for bit and recovers") {
+  auto cfg = base_config("fp16-inject");
+  cfg.mixed_precision_dtype = strata::config::precision_dtype::float16;
+  cfg.optimizer = strata::config::optimizer_kind::adamw;
+  cfg.lr = 0.01;
+  cfg.loss_scale_growth_interval = 10;
+  const blobs train{.n = 512};
+  const blobs test{.n = 256, .salt = 1};
+  using trainer_t = st::trainer<decltype(small_model()), sp::fp16>;
+  trainer_t t(small_model(), cfg, {.print_progress = false});
+  const std::vector<std::uint64_t> inject = {3, 4, 20, 33};  // 3 and 4: two in a row
+  std::vector<std::string> params_after;
+  std::vector<st::step_metrics> steps;
+  t.on_gradients([&](std::uint64_t step, std::span<float> grads) {
+    for (const std::uint64_t s : inject) {
+      if (s == step) {
+        grads[step % grads.size()] = step == 4 ? std::numeric_limits<float>::quiet_NaN()
+                                               : std::numeric_limits<float>::infinity();
+      }
+    }
+  });
+  t.on_step([&](const st::step_metrics& m) {
+    steps.push_back(m);
+    params_after.push_back(st::xxh3_hex(t.params().values()));
+  });
+  const st::fit_summary s = t.fit(train, sd::identity{}, test, sd::identity{});
+  REQUIRE(steps.size() == 48);
+  CHECK(t.skipped_steps() == inject.size());
+  double scale = 65536.0;
+  std::uint64_t growth = 0;
+  for (std::size_t i = 0; i < steps.size(); ++i) {
+    const bool injected = std::find(inject.begin(), inject.end(), i) != inject.end();
+    INFO("step ", i);
+    CHECK(steps[i].skipped == injected);
+    CHECK(steps[i].loss_scale == scale);
+    if (injected) {
+      // Parameters untouched (and, below, Adam's step count).
+      CHECK(params_after[i] == (i == 0 ? params_after[i] : params_after[i - 1]));
+      scale *= 0.5;
+      growth = 0;
+    } else {
+      if (i > 0) {
+        CHECK(params_after[i] != params_after[i - 1]);
+      }
+      if (++growth == 10) {
+        scale *= 2.0;
+        growth = 0;
+      }
+    }
+  }
+  CHECK(t.loss_scale() == scale);
+  CHECK(s.test_accuracy > 0.9);
+
+  // The same run without faults: Adam's bias correction saw 4 steps fewer in the faulty run, so
+  // the two differ, but both learn.
+  cfg = base_config("fp16-clean");
+  cfg.mixed_precision_dtype = strata::config::precision_dtype::float16;
+  cfg.optimizer = strata::config::optimizer_kind::adamw;
+  cfg.lr = 0.01;
+  cfg.loss_scale_growth_interval = 10;
+  trainer_t clean(small_model(), cfg, {.print_progress = false});
+  const st::fit_summary c = clean.fit(train, sd::identity{}, test, sd::identity{});
+  CHECK(c.params_xxh3 != s.params_xxh3);
+  CHECK(std::abs(c.test_accuracy - s.test_accuracy) <= 0.03);
+}
+
+TEST_CASE("a skipped step leaves parameters and optimizer state bit-identical, also on resume") {
+  // Run A: 48 steps with an overflow at step 17. Run B: stop after 20 steps (max_steps), then
+  // run C resumes it: C's final parameters equal A's, so the scaler state and the skip count went
+  // through the checkpoint.
+  const blobs train{.n = 512};
+  const blobs test{.n = 256, .salt = 1};
+  using trainer_t = st::trainer<decltype(small_model()), sp::fp16>;
+  auto inject = [](trainer_t& t) {
+    t.on_gradients([](std::uint64_t step, std::span<float> grads) {
+      if (step == 17) {
+        grads[0] = std::numeric_limits<float>::infinity();
+      }
+    });
+  };
+  auto cfg = base_config("fp16-resume-a");
+  cfg.mixed_precision_dtype = strata::config::precision_dtype::float16;
+  cfg.optimizer = strata::config::optimizer_kind::adamw;
+  cfg.lr = 0.01;
+  trainer_t a(small_model(), cfg, {.print_progress = false});
+  inject(a);
+  const st::fit_summary ra = a.fit(train, sd::identity{}, test, sd::identity{});
+  CHECK(a.skipped_steps() == 1);
+  CHECK(a.loss_scale() == 32768.0);
+
+  cfg = base_config("fp16-resume-b");
+  cfg.mixed_precision_dtype = strata::config::precision_dtype::float16;
+  cfg.optimizer = strata::config::optimizer_kind::adamw;
+  cfg.lr = 0.01;
+  cfg.max_steps = 20;
+  {
+    trainer_t b(small_model(), cfg, {.print_progress = false});
+    inject(b);
+    const st::fit_summary rb = b.fit(train, sd::identity{}, test, sd::identity{});
+    CHECK(rb.stopped_by_max_steps);
+    CHECK(b.skipped_steps() == 1);
+  }
+  cfg.max_steps = 0;
+  trainer_t c(small_model(), cfg, {.print_progress = false});
+  inject(c);
+  const st::fit_summary rc = c.fit(train, sd::identity{}, test, sd::identity{});
+  CHECK_FALSE(rc.resumed_from.empty());
+  CHECK(c.skipped_steps() == 1);
+  CHECK(c.loss_scale() == a.loss_scale());
+  CHECK(rc.params_xxh3 == ra.params_xxh3);
+}
+
+TEST_CASE("float16 aborts after too many overflows in a row, naming the step and scale") {
+  auto cfg = base_config("fp16-abort");
+  cfg.mixed_precision_dtype = strata::config::precision_dtype::float16;
+  cfg.loss_scale_max_skips = 3;
+  st::trainer<decltype(small_model()), sp::fp16> t(small_model(), cfg, {.print_progress = false});
+  t.on_gradients([](std::uint64_t step, std::span<float> grads) {
+    if (step >= 5) {
+      grads[1] = std::numeric_limits<float>::quiet_NaN();
+    }
+  });
+  CHECK_THROWS_WITH_AS(t.fit(blobs{}, sd::identity{}, blobs{.n = 64, .salt = 1}, sd::identity{}),
+                       doctest::Contains("aborting at step 7 with loss scale 8192"),
+                       strata::precision::loss_scale_error);
+}
+
+TEST_CASE("a precision policy and a different mixed_precision_dtype are refused by key") {
+  auto cfg = base_config("refused");
+  cfg.mixed_precision_dtype = strata::config::precision_dtype::float16;
+  CHECK_THROWS_WITH_AS((st::trainer<decltype(small_model()), sp::bf16>(small_model(), cfg,
+                                                                       {.print_progress = false})),
+                       doctest::Contains("mixed_precision_dtype"), strata::config_error);
+  cfg.mixed_precision_dtype = strata::config::precision_dtype::float32;
+  CHECK_THROWS_WITH_AS((st::trainer<decltype(small_model()), sp::fp16>(small_model(), cfg,
+                                                                       {.print_progress = false})),
+                       doctest::Contains("float16"), strata::config_error);
+  cfg.mixed_precision_dtype = strata::config::precision_dtype::float16;
+  cfg.loss_scale_min = 1e6;
+  CHECK_THROWS_WITH_AS((st::trainer<decltype(small_model()), sp::fp16>(small_model(), cfg,
+                                                                       {.print_progress = false})),
+                       doctest::Contains("loss_scale_min"), strata::config_error);
+}
