@@ -40,6 +40,7 @@
 #include <xxhash.h>
 
 #include "strata/batch/accumulate.hpp"
+#include "strata/batch/adaptive.hpp"
 #include "strata/batch/fixed.hpp"
 #include "strata/config/train_config.hpp"
 #include "strata/config/validate.hpp"
@@ -61,6 +62,7 @@
 #include "strata/precision/loss_scaler.hpp"
 #include "strata/precision/mixed.hpp"
 #include "strata/train/checkpoint.hpp"
+#include "strata/train/estimate_memory.hpp"
 #include "strata/train/metrics.hpp"
 #include "strata/train/progress.hpp"
 
@@ -151,10 +153,12 @@ class trainer {
   using precision_policy = typename policies::template get<precision_policy_tag>;
   using parallel_policy = typename policies::template get<parallel_policy_tag>;
   static_assert(std::is_same_v<batch_policy, batch::fixed> ||
-                    std::is_same_v<batch_policy, batch::accumulate>,
-                "trainer: this version runs the batch policies 'batch::fixed' and "
-                "'batch::accumulate' only");
+                    std::is_same_v<batch_policy, batch::accumulate> ||
+                    std::is_same_v<batch_policy, batch::adaptive>,
+                "trainer: this version runs the batch policies 'batch::fixed', "
+                "'batch::accumulate' and 'batch::adaptive' only");
   static constexpr bool accumulates = std::is_same_v<batch_policy, batch::accumulate>;
+  static constexpr bool adapts = std::is_same_v<batch_policy, batch::adaptive>;
   using precision_traits = precision::precision_traits<precision_policy>;
   static_assert(std::is_same_v<precision_policy, precision::fp32> || precision_traits::is_mixed,
                 "trainer: this version runs the precision policies 'precision::fp32' and "
@@ -242,11 +246,13 @@ class trainer {
          .remainder = cfg_.sampler_remainder == config::sampler_remainder_kind::pad
                           ? data::remainder_policy::pad
                           : data::remainder_policy::drop});
+    // fixed, accumulate: loader batches of batch_size_per_gpu, `accumulation` of them per optimizer
+    // step (the epoch's last step may take fewer). adaptive: one loader batch of
+    // batch_size_per_gpu x gradient_accumulation_steps per step, run in micro-batches the
+    // controller picks.
+    const std::size_t accumulation = adapts ? 1 : accumulation_steps(cfg_);
+    const std::size_t micro_batch = loader_batch();
     data::prefetch_loader loader(train_view, augment, std::move(sampler), loader_settings(false));
-    // Micro-batches of batch_size_per_gpu; an optimizer step takes `accumulation` of them (the
-    // epoch's last step may take fewer).
-    const std::size_t accumulation = accumulation_steps(cfg_);
-    const std::size_t micro_batch = static_cast<std::size_t>(cfg_.batch_size_per_gpu);
     const std::size_t samples_per_rank = loader.sampler().samples_per_rank();
     const std::size_t micro_batches_per_epoch = loader.batches_per_epoch();
     const std::uint64_t steps_per_epoch =
@@ -280,9 +286,15 @@ class trainer {
     }
     metrics_writer metrics(cfg_.metrics_file, !summary.resumed_from.empty());
 
-    auto work = training_workspace();
     const std::size_t classes = model_.output_shape().elements();
-    buffer<float> grad_logits(static_cast<std::size_t>(cfg_.batch_size_per_gpu) * classes);
+    buffer<float> grad_logits(micro_batch * classes);
+    std::optional<batch::adaptive_controller> controller;
+    if constexpr (adapts) {
+      controller.emplace(make_controller(micro_batch));
+      log_adaptive(*controller, bar);
+    }
+    auto work = adapts ? typename Model::workspace_type{}
+                       : training_workspace(static_cast<std::size_t>(cfg_.batch_size_per_gpu));
     double train_seconds = 0.0;
     std::size_t train_samples = 0;
     const std::uint64_t start_step = step_;
@@ -312,9 +324,13 @@ class trainer {
           auto b = loader.next();
           const auto compute_begin = clock::now();
           data_seconds += b->wait_seconds;
-          const model::loss_result part =
-              micro_step(*b, work, grad_logits, classes,
-                         static_cast<float>(scale / static_cast<double>(step_samples)));
+          const float grad_scale = static_cast<float>(scale / static_cast<double>(step_samples));
+          model::loss_result part{};
+          if constexpr (adapts) {
+            part = adaptive_step(*b, work, grad_logits, classes, grad_scale, *controller, bar);
+          } else {
+            part = micro_step(*b, work, grad_logits, classes, grad_scale);
+          }
           loss.loss_sum += part.loss_sum;
           loss.correct += part.correct;
           compute += seconds_since(compute_begin);
@@ -337,7 +353,7 @@ class trainer {
                         .peak_bytes = host{}.memory().stats().peak,
                         .skipped = !applied,
                         .loss_scale = scale,
-                        .micro_batch = micro_batch};
+                        .micro_batch = adapts ? last_micro_batch_ : micro_batch};
         ++step_;
         loss_sum += loss.loss_sum;
         correct += loss.correct;
@@ -447,6 +463,10 @@ class trainer {
       correct += r.correct;
       out.samples += b->size;
     }
+    if constexpr (adapts) {
+      // The evaluation workspace is not kept: the memory goes back to the training steps.
+      eval_work_ = typename Model::workspace_type{};
+    }
     if (out.samples > 0) {
       out.loss = loss_sum / static_cast<double>(out.samples);
       out.accuracy = static_cast<double>(correct) / static_cast<double>(out.samples);
@@ -507,9 +527,14 @@ class trainer {
     return s;
   }
 
+  // Samples per training loader batch: one micro-batch, or (adaptive) one whole step.
+  std::size_t loader_batch() const {
+    const auto b = static_cast<std::size_t>(cfg_.batch_size_per_gpu);
+    return adapts ? b * static_cast<std::size_t>(cfg_.gradient_accumulation_steps) : b;
+  }
+
   data::loader_config loader_settings(bool eval) const {
-    return {.batch_size =
-                eval ? options_.eval_batch : static_cast<std::size_t>(cfg_.batch_size_per_gpu),
+    return {.batch_size = eval ? options_.eval_batch : loader_batch(),
             .workers = static_cast<std::size_t>(cfg_.loader_workers),
             .prefetch_depth = static_cast<std::size_t>(cfg_.prefetch_depth),
             .drop_last = eval ? false : cfg_.drop_last,
@@ -533,8 +558,7 @@ class trainer {
   }
 
   // The training workspace, with activation checkpointing when the model offers it.
-  auto training_workspace() const {
-    const auto capacity = static_cast<std::size_t>(cfg_.batch_size_per_gpu);
+  auto training_workspace(std::size_t capacity) const {
     const auto every = static_cast<std::size_t>(cfg_.activation_checkpoint_every);
     if constexpr (requires { model_.make_workspace(capacity, model::workspace_config{}); }) {
       return model_.make_workspace(capacity, model::workspace_config{.checkpoint_every = every});
@@ -564,7 +588,7 @@ class trainer {
       refuse("world_size", "this trainer runs one rank (parallel::single_rank); world_size is " +
                                std::to_string(cfg_.world_size));
     }
-    if (!accumulates && cfg_.gradient_accumulation_steps != 1) {
+    if (!accumulates && !adapts && cfg_.gradient_accumulation_steps != 1) {
       refuse("gradient_accumulation_steps",
              "the batch policy is batch::fixed (one micro-batch per step); give the trainer "
              "strata::batch::accumulate to accumulate " +
@@ -595,11 +619,109 @@ class trainer {
         (cfg_.adam_beta1 >= 1.0 || cfg_.adam_beta2 >= 1.0)) {
       refuse(cfg_.adam_beta1 >= 1.0 ? "adam_beta1" : "adam_beta2", "AdamW betas must be below 1");
     }
-    if (cfg_.adaptive_batch) {
+    if (cfg_.adaptive_batch != adapts) {
       refuse("adaptive_batch",
-             "this trainer runs batch::fixed; the adaptive micro-batch is "
-             "another batch policy");
+             adapts ? std::string("the trainer's batch policy is batch::adaptive; set "
+                                  "adaptive_batch = true")
+                    : "the trainer's batch policy is " + std::string(batch_policy::name) +
+                          "; adaptive_batch = true needs strata::batch::adaptive");
     }
+  }
+
+  // A run of samples of one loader batch.
+  struct batch_slice {
+    std::span<const float> inputs{};
+    std::span<const std::int32_t> labels{};
+    std::span<const std::size_t> indices{};
+    std::size_t size = 0;
+  };
+
+  std::size_t memory_budget() const {
+    return cfg_.memory_budget_mb > 0 ? static_cast<std::size_t>(cfg_.memory_budget_mb) << 20
+                                     : batch::default_memory_budget();
+  }
+
+  // The controller of batch::adaptive for steps of `global` samples. Its first micro-batch is
+  // batch_size_per_gpu, or less when estimate_memory says that does not fit the budget.
+  batch::adaptive_controller make_controller(std::size_t global) const {
+    const std::size_t budget = memory_budget();
+    const std::size_t base = host{}.memory().stats().in_use;
+    const estimate_options options{
+        .optimizer_state_per_parameter = optimizer_.state_per_parameter(),
+        .checkpoint_every = static_cast<std::size_t>(cfg_.activation_checkpoint_every),
+        .layout = memory_layout::host};
+    auto estimate = [this, options](std::size_t m) {
+      return estimate_memory<precision_policy>(model_, m, options).activations;
+    };
+    batch::adaptive_config ac{.global_batch = global,
+                              .min_micro = static_cast<std::size_t>(cfg_.adaptive_batch_min),
+                              .max_micro = static_cast<std::size_t>(cfg_.adaptive_batch_max),
+                              .initial_micro = 0};
+    const batch::adaptive_controller probe(ac, estimate, budget, base);
+    ac.initial_micro =
+        std::min(probe.micro_batch(), static_cast<std::size_t>(cfg_.batch_size_per_gpu));
+    ac.initial_micro = std::max(ac.initial_micro, ac.min_micro);
+    return batch::adaptive_controller(ac, estimate, budget, base);
+  }
+
+  // Prints the controller's events not yet printed.
+  void log_adaptive(const batch::adaptive_controller& c, progress& bar) {
+    const auto& events = c.events();
+    for (; adaptive_logged_ < events.size(); ++adaptive_logged_) {
+      bar.message("adaptive batch: " + batch::to_string(events[adaptive_logged_]));
+    }
+  }
+
+  // One optimizer step of batch::adaptive: the loader batch `b` in micro-batches of the
+  // controller's size, under the memory budget. An allocation that fails releases the step's
+  // workspace and runs the same samples again in smaller micro-batches from fresh gradients.
+  // Then the controller sees the step's peak and picks the next micro-batch.
+  template <class Batch, class Workspace>
+  model::loss_result adaptive_step(const Batch& b, Workspace& work, buffer<float>& grad_logits,
+                                   std::size_t classes, float grad_scale,
+                                   batch::adaptive_controller& controller, progress& bar) {
+    memory_tracker& tracker = host{}.memory();
+    const std::size_t budget = memory_budget();
+    const std::size_t in = model_.input_shape().elements();
+    model::loss_result loss{};
+    std::size_t peak = 0;
+    for (;;) {
+      const std::size_t m = controller.micro_batch();
+      try {
+        const scoped_budget limit(tracker, budget);
+        if (work.capacity() != m) {
+          work = Workspace{};
+          work = training_workspace(m);
+        }
+        tracker.reset_peak();
+        compute_params().zero_grads();
+        loss = {};
+        std::size_t offset = 0;
+        for (const std::size_t n : batch::adaptive_controller::split(b.size, m)) {
+          const batch_slice slice{.inputs = b.inputs.subspan(offset * in, n * in),
+                                  .labels = b.labels.subspan(offset, n),
+                                  .indices = b.indices.subspan(offset, n),
+                                  .size = n};
+          const model::loss_result part = micro_step(slice, work, grad_logits, classes, grad_scale);
+          loss.loss_sum += part.loss_sum;
+          loss.correct += part.correct;
+          offset += n;
+        }
+        peak = tracker.stats().peak;
+        last_micro_batch_ = m;
+        break;
+      } catch (const memory_error& e) {
+        work = Workspace{};
+        controller.after_oom(step_, e);  // throws when even the smallest micro-batch failed
+        log_adaptive(controller, bar);
+      }
+    }
+    // One rank: its proposal is the decision. A data-parallel policy agrees on the minimum
+    // over its ranks first (batch::agree_micro_batch).
+    const std::size_t proposal = controller.propose(step_, peak, budget);
+    controller.apply(step_, proposal, peak, budget);
+    log_adaptive(controller, bar);
+    return loss;
   }
 
   // Forward, loss and backward of one micro-batch, adding its gradients (scaled by grad_scale)
@@ -729,7 +851,7 @@ class trainer {
         {"step", step_},
         {"sampler",
          {{"epoch", epoch},
-          {"position", next_batch * static_cast<std::uint64_t>(cfg_.batch_size_per_gpu)},
+          {"position", next_batch * static_cast<std::uint64_t>(loader_batch())},
           {"seed", cfg_.seed}}},
         {"rng",
          {{"seed", cfg_.seed},
@@ -795,6 +917,8 @@ class trainer {
   model::param_store compute_{};  // mixed: the compute copy the model runs on
   std::optional<typename detail::scaler_of<precision_policy>::type> scaler_{};
   std::uint64_t skipped_steps_ = 0;
+  std::size_t adaptive_logged_ = 0;
+  std::size_t last_micro_batch_ = 0;
 };
 
 }  // namespace strata::train

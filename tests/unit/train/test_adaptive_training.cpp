@@ -1,0 +1,212 @@
+// SPDX-License-Identifier: Apache-2.0
+// batch::adaptive in the trainer: the micro-batch follows a real memory budget, an allocation
+// failure re-runs the step's samples, and the optimisation is that of a fixed global batch.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "strata/batch/accumulate.hpp"
+#include "strata/batch/adaptive.hpp"
+#include "strata/core/host.hpp"
+#include "strata/data/transforms.hpp"
+#include "strata/model/layers.hpp"
+#include "strata/model/sequential.hpp"
+#include "strata/train/trainer.hpp"
+
+namespace fs = std::filesystem;
+namespace sd = strata::data;
+namespace sm = strata::model;
+namespace st = strata::train;
+
+namespace {
+
+struct blobs {
+  using dataset_category = sd::dataset_tag;
+  std::size_t n = 1024;
+  std::uint64_t salt = 0;
+  std::size_t size() const { return n; }
+  strata::sample_shape shape() const { return {.channels = 1, .height = 1, .width = 8}; }
+  std::int32_t read(std::size_t i, std::span<float> out) const {
+    const auto label = static_cast<std::int32_t>(i % 4);
+    strata::rng_stream rng = strata::rng_stream::for_sample(99 + salt, 0, i);
+    for (std::size_t e = 0; e < 8; ++e) {
+      const float centre = (e % 4 == static_cast<std::size_t>(label)) ? 2.0f : 0.0f;
+      out[e] = centre + 0.7f * rng.normal_float();
+    }
+    return label;
+  }
+};
+
+// Identity that, like a layer with a temporary the estimate does not know of, allocates
+// `floats_per_sample` floats per sample of host memory while it runs forward.
+struct hungry {
+  using layer_category = sm::layer_tag;
+  std::size_t floats_per_sample = 0;
+  strata::sample_shape output_shape(strata::sample_shape in) const { return in; }
+  void forward(const sm::forward_args& a) const {
+    strata::buffer<float> scratch(a.batch * floats_per_sample);
+    std::copy(a.input.begin(), a.input.end(), a.output.begin());
+  }
+  void backward(const sm::backward_args& a) const {
+    if (!a.grad_input.empty()) {
+      std::copy(a.grad_output.begin(), a.grad_output.end(), a.grad_input.begin());
+    }
+  }
+};
+
+// About 64 KiB of workspace per sample.
+auto wide_model(std::size_t hunger = 0) {
+  return sm::sequential(strata::sample_shape{.channels = 1, .height = 1, .width = 8},
+                        sm::linear{.in = 8, .out = 4096}, hungry{.floats_per_sample = hunger},
+                        sm::relu{}, sm::dropout{.rate = 0.1}, sm::linear{.in = 4096, .out = 4});
+}
+
+strata::config::train_config base_config(const std::string& name) {
+  const fs::path dir = fs::path(STRATA_TEST_WORK_DIR) / "adaptive" / name;
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  strata::config::train_config cfg;
+  cfg.epochs = 2;
+  cfg.batch_size_per_gpu = 16;
+  cfg.gradient_accumulation_steps = 8;  // 128 samples per step
+  cfg.lr = 0.02;
+  cfg.loader_workers = 1;
+  cfg.checkpoint_dir = (dir / "ckpt").string();
+  cfg.checkpoint_interval = 0;
+  cfg.adaptive_batch_min = 1;
+  cfg.adaptive_batch_max = 512;
+  return cfg;
+}
+
+// A budget `extra` bytes above what the host tracker holds now, in whole MiB.
+std::int64_t budget_mb_above_now(std::size_t extra) {
+  const std::size_t now = strata::host{}.memory().stats().in_use;
+  return static_cast<std::int64_t>((now + extra + (1u << 20) - 1) >> 20);
+}
+
+struct run_record {
+  std::vector<st::step_metrics> steps;
+  st::fit_summary summary;
+  std::vector<float> params;
+};
+
+template <class Trainer>
+run_record record(Trainer& t) {
+  run_record r;
+  t.on_step([&](const st::step_metrics& m) { r.steps.push_back(m); });
+  r.summary = t.fit(blobs{}, sd::identity{}, blobs{.n = 256, .salt = 1}, sd::identity{});
+  r.params.assign(t.params().values().begin(), t.params().values().end());
+  return r;
+}
+
+void check_same_training(const run_record& a, const run_record& b) {
+  REQUIRE(a.steps.size() == b.steps.size());
+  for (std::size_t i = 0; i < a.steps.size(); ++i) {
+    INFO("step ", i);
+    CHECK(a.steps[i].samples == b.steps[i].samples);
+    CHECK(a.steps[i].loss == doctest::Approx(b.steps[i].loss).epsilon(1e-5));
+  }
+  REQUIRE(a.params.size() == b.params.size());
+  double worst = 0.0;
+  for (std::size_t i = 0; i < a.params.size(); ++i) {
+    worst = std::max(worst, static_cast<double>(std::abs(a.params[i] - b.params[i])));
+  }
+  CHECK(worst < 1e-4);
+}
+
+}  // namespace
+
+TEST_CASE("the adaptive micro-batch grows into a real budget and trains like a fixed batch") {
+  auto cfg = base_config("grow");
+  run_record reference;
+  {
+    st::trainer<decltype(wide_model()), strata::batch::accumulate> fixed(wide_model(), cfg,
+                                                                         {.print_progress = false});
+    reference = record(fixed);
+  }
+
+  cfg = base_config("grow");
+  cfg.adaptive_batch = true;
+  cfg.batch_size_per_gpu = 4;  // a small start
+  cfg.gradient_accumulation_steps = 32;
+  // Room for about 40 samples of workspace above what is held now (parameters, loader and
+  // workspace of the trainer to come are inside that room too).
+  cfg.memory_budget_mb = budget_mb_above_now(std::size_t{3} << 20);
+  const std::size_t budget = static_cast<std::size_t>(cfg.memory_budget_mb) << 20;
+  st::trainer<decltype(wide_model()), strata::batch::adaptive> adaptive(wide_model(), cfg,
+                                                                        {.print_progress = false});
+  const run_record r = record(adaptive);
+  check_same_training(r, reference);
+  REQUIRE(r.steps.size() == 16);
+  CHECK(r.steps.front().micro_batch == 4);
+  std::size_t largest = 0;
+  for (const auto& s : r.steps) {
+    CHECK(s.samples == 128);
+    largest = std::max(largest, s.micro_batch);
+  }
+  CHECK(largest > 8);
+  CHECK(largest < 128);  // the budget, not the global batch, stopped it
+  // Within 10 steps the step's peak is within [90%, 100%] of the budget.
+  for (std::size_t i = 0; i < r.steps.size(); ++i) {
+    INFO("step ", i, " micro-batch ", r.steps[i].micro_batch, " peak ", r.steps[i].peak_bytes,
+         " budget ", budget);
+    CHECK(r.steps[i].peak_bytes <= budget);
+    if (i >= 9) {
+      CHECK(static_cast<double>(r.steps[i].peak_bytes) >= 0.9 * static_cast<double>(budget));
+    }
+  }
+}
+
+TEST_CASE("an allocation failure inside a step re-runs its samples in smaller micro-batches") {
+  // The hungry layer takes 16 KiB per sample that estimate_memory does not see, so the first
+  // micro-batch (the estimate's choice) does not fit.
+  auto cfg = base_config("oom");
+  run_record reference;
+  {
+    st::trainer<decltype(wide_model(4096)), strata::batch::accumulate> fixed(
+        wide_model(4096), cfg, {.print_progress = false});
+    reference = record(fixed);
+  }
+
+  cfg = base_config("oom");
+  cfg.adaptive_batch = true;
+  cfg.batch_size_per_gpu = 128;
+  cfg.gradient_accumulation_steps = 1;
+  cfg.memory_budget_mb = budget_mb_above_now(std::size_t{5} << 20);
+  st::trainer<decltype(wide_model(4096)), strata::batch::adaptive> adaptive(
+      wide_model(4096), cfg, {.print_progress = false});
+  const run_record r = record(adaptive);
+  check_same_training(r, reference);
+  for (const auto& s : r.steps) {
+    CHECK(s.samples == 128);
+  }
+  CHECK(r.steps.front().micro_batch < 128);
+}
+
+TEST_CASE("a step that does not fit at the smallest micro-batch names the budget keys") {
+  auto cfg = base_config("too-small");
+  cfg.adaptive_batch = true;
+  cfg.batch_size_per_gpu = 16;
+  cfg.adaptive_batch_min = 8;
+  cfg.memory_budget_mb = budget_mb_above_now(std::size_t{1} << 20);
+  st::trainer<decltype(wide_model(1 << 20)), strata::batch::adaptive> t(wide_model(1 << 20), cfg,
+                                                                        {.print_progress = false});
+  CHECK_THROWS_WITH_AS(t.fit(blobs{}, sd::identity{}, blobs{.n = 64}, sd::identity{}),
+                       doctest::Contains("memory_budget_mb"), strata::memory_error);
+}
+
+TEST_CASE("adaptive_batch and the batch policy must agree") {
+  auto cfg = base_config("refused");
+  cfg.gradient_accumulation_steps = 1;
+  cfg.adaptive_batch = true;
+  CHECK_THROWS_WITH_AS(st::trainer(wide_model(), cfg, {.print_progress = false}),
+                       doctest::Contains("adaptive_batch"), strata::config_error);
+  cfg.adaptive_batch = false;
+  CHECK_THROWS_WITH_AS((st::trainer<decltype(wide_model()), strata::batch::adaptive>(
+                           wide_model(), cfg, {.print_progress = false})),
+                       doctest::Contains("adaptive_batch = true"), strata::config_error);
+}
