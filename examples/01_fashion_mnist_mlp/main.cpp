@@ -9,7 +9,6 @@
 #include <cstdio>
 #include <string>
 
-#include <strata/batch/accumulate.hpp>
 #include <strata/config.hpp>
 #include <strata/data.hpp>
 #include <strata/model/layers.hpp>
@@ -35,11 +34,13 @@ auto make_mlp() {
 // snippet-end: model
 
 // The augmentation this MLP gains from within 15 epochs: horizontal flips, then the dataset's
-// normalisation. Shifts and erasing (fashion_mnist_augmentation()) suit convolutional models;
-// an MLP has no translation invariance of its own and underfits with them (0.881 against
-// 0.902 test accuracy after 15 epochs, measured).
-auto mlp_augmentation() {
-  return sd::compose{sd::horizontal_flip{.probability = 0.5}, sd::fashion_mnist_normalize()};
+// normalisation (with augment = false, no flips). Shifts and erasing
+// (fashion_mnist_augmentation()) suit convolutional models; an MLP has no translation invariance
+// of its own and underfits with them (0.881 against 0.902 test accuracy after 15 epochs,
+// measured).
+auto mlp_augmentation(bool augment) {
+  return sd::compose{sd::horizontal_flip{.probability = augment ? 0.5 : 0.0},
+                     sd::fashion_mnist_normalize()};
 }
 
 }  // namespace
@@ -52,23 +53,17 @@ int main(int argc, char** argv) {
             sd::load_fashion_mnist(cfg.data_dir, sd::fashion_mnist_split::train);
         const sd::idx_dataset test =
             sd::load_fashion_mnist(cfg.data_dir, sd::fashion_mnist_split::test);
-        const auto train_with = [&](auto& run) {
+        // The batch and precision policies follow the configuration (adaptive_batch,
+        // gradient_accumulation_steps, mixed_precision_dtype).
+        return examples::with_policies(cfg, [&]<class Batch, class Precision>() {
+          strata::train::trainer<decltype(make_mlp()), Batch, Precision> run(make_mlp(), cfg);
           std::printf(
-              "fashion_mnist_mlp: %zu parameters, %zu training / %zu test samples, BLAS: %s\n",
+              "fashion_mnist_mlp: %zu parameters, %zu training / %zu test samples, BLAS: %s, "
+              "policies: %s, %s\n",
               run.params().parameter_count(), train.size(), test.size(),
-              std::string(sm::blas_backend()).c_str());
-          return cfg.augment
-                     ? run.fit(train, mlp_augmentation(), test, sd::fashion_mnist_normalize())
-                     : run.fit(train, sd::fashion_mnist_normalize(), test,
-                               sd::fashion_mnist_normalize());
-        };
-        // gradient_accumulation_steps > 1 selects the accumulate batch policy.
-        if (cfg.gradient_accumulation_steps > 1) {
-          strata::train::trainer<decltype(make_mlp()), strata::batch::accumulate> run(make_mlp(),
-                                                                                      cfg);
-          return train_with(run);
-        }
-        strata::train::trainer run(make_mlp(), cfg);
-        return train_with(run);
+              std::string(sm::blas_backend()).c_str(), std::string(Batch::name).c_str(),
+              std::string(Precision::name).c_str());
+          return run.fit(train, mlp_augmentation(cfg.augment), test, sd::fashion_mnist_normalize());
+        });
       });
 }

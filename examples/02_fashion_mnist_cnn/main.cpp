@@ -42,9 +42,10 @@ auto make_cnn() {
 // then the dataset's normalisation. fashion_mnist_augmentation() adds an affine jitter and
 // erasing on top; this example keeps the lighter chain of the benchmark row it is compared with
 // (README.md).
-auto cnn_augmentation() {
-  return sd::compose{sd::random_crop{.padding = 2, .fill = 0.0f},
-                     sd::horizontal_flip{.probability = 0.5}, sd::fashion_mnist_normalize()};
+auto cnn_augmentation(bool augment) {
+  return sd::compose{
+      sd::random_crop{.padding = augment ? std::size_t{2} : std::size_t{0}, .fill = 0.0f},
+      sd::horizontal_flip{.probability = augment ? 0.5 : 0.0}, sd::fashion_mnist_normalize()};
 }
 
 }  // namespace
@@ -57,13 +58,17 @@ int main(int argc, char** argv) {
             sd::load_fashion_mnist(cfg.data_dir, sd::fashion_mnist_split::train);
         const sd::idx_dataset test =
             sd::load_fashion_mnist(cfg.data_dir, sd::fashion_mnist_split::test);
-        strata::train::trainer run(make_cnn(), cfg);
-        std::printf(
-            "fashion_mnist_cnn: %zu parameters, %zu training / %zu test samples, BLAS: %s\n",
-            run.params().parameter_count(), train.size(), test.size(),
-            std::string(sm::blas_backend()).c_str());
-        return cfg.augment ? run.fit(train, cnn_augmentation(), test, sd::fashion_mnist_normalize())
-                           : run.fit(train, sd::fashion_mnist_normalize(), test,
-                                     sd::fashion_mnist_normalize());
+        // The batch and precision policies follow the configuration (adaptive_batch,
+        // gradient_accumulation_steps, mixed_precision_dtype).
+        return examples::with_policies(cfg, [&]<class Batch, class Precision>() {
+          strata::train::trainer<decltype(make_cnn()), Batch, Precision> run(make_cnn(), cfg);
+          std::printf(
+              "fashion_mnist_cnn: %zu parameters, %zu training / %zu test samples, BLAS: %s, "
+              "policies: %s, %s\n",
+              run.params().parameter_count(), train.size(), test.size(),
+              std::string(sm::blas_backend()).c_str(), std::string(Batch::name).c_str(),
+              std::string(Precision::name).c_str());
+          return run.fit(train, cnn_augmentation(cfg.augment), test, sd::fashion_mnist_normalize());
+        });
       });
 }

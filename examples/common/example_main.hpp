@@ -12,7 +12,10 @@
 #include <system_error>
 #include <vector>
 
+#include <strata/batch/accumulate.hpp>
+#include <strata/batch/adaptive.hpp>
 #include <strata/config.hpp>
+#include <strata/precision/mixed.hpp>
 #include <strata/train/trainer.hpp>
 
 namespace examples {
@@ -53,6 +56,30 @@ inline void print_summary(const strata::train::fit_summary& s,
     std::printf("stopped after max_steps = %lld; run again to resume\n",
                 static_cast<long long>(cfg.max_steps));
   }
+}
+
+// Runs body.template operator()<BatchPolicy, PrecisionPolicy>() with the policies the
+// configuration names: batch::adaptive when adaptive_batch is on, else batch::accumulate (with
+// gradient_accumulation_steps = 1 that is a fixed batch); precision::fp32, fp16 or bf16 by
+// mixed_precision_dtype. Policies are compile-time choices: each pair is its own trainer type.
+template <class Body>
+auto with_policies(const strata::config::train_config& cfg, Body&& body) {
+  using strata::config::precision_dtype;
+  const auto by_precision = [&]<class Batch>() {
+    switch (cfg.mixed_precision_dtype) {
+      case precision_dtype::float16:
+        return body.template operator()<Batch, strata::precision::fp16>();
+      case precision_dtype::bfloat16:
+        return body.template operator()<Batch, strata::precision::bf16>();
+      case precision_dtype::float32:
+        break;
+    }
+    return body.template operator()<Batch, strata::precision::fp32>();
+  };
+  if (cfg.adaptive_batch) {
+    return by_precision.template operator()<strata::batch::adaptive>();
+  }
+  return by_precision.template operator()<strata::batch::accumulate>();
 }
 
 // Parses the command line (with `config_name` beside the binary as the default file) and runs

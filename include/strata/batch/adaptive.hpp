@@ -132,9 +132,39 @@ inline std::size_t physical_memory_bytes(std::string_view meminfo, std::string_v
 
 // The same for this process, read from /proc/meminfo and /sys/fs/cgroup (v2 first, v1 when v2 is
 // absent); 0 when unknown (not Linux, nothing readable).
+// The cgroup v2 directory of this process ("0::/user.slice/x.scope" -> "/user.slice/x.scope"),
+// from the text of /proc/self/cgroup; empty when there is no v2 line.
+inline std::string cgroup_v2_path(std::string_view proc_self_cgroup) {
+  std::size_t start = 0;
+  while (start < proc_self_cgroup.size()) {
+    std::size_t end = proc_self_cgroup.find('\n', start);
+    if (end == std::string_view::npos) {
+      end = proc_self_cgroup.size();
+    }
+    const std::string_view line = proc_self_cgroup.substr(start, end - start);
+    if (line.substr(0, 3) == "0::") {
+      return std::string(line.substr(3));
+    }
+    start = end + 1;
+  }
+  return {};
+}
+
 inline std::size_t physical_memory_bytes() noexcept {
   const std::string meminfo = detail::read_small_file("/proc/meminfo");
-  const std::string v2 = detail::read_small_file("/sys/fs/cgroup/memory.max");
+  // The limit of this process's own cgroup, where it is readable, else the root's (inside a
+  // container the process's cgroup is the root of its namespace).
+  std::string v2;
+  const std::string own = cgroup_v2_path(detail::read_small_file("/proc/self/cgroup"));
+  if (!own.empty() && own != "/" && own.find("..") == std::string::npos) {
+    v2 = detail::read_small_file(("/sys/fs/cgroup" + own + "/memory.max").c_str());
+  }
+  if (v2.empty() || parse_cgroup_limit(v2) == 0) {
+    const std::string root = detail::read_small_file("/sys/fs/cgroup/memory.max");
+    if (!root.empty()) {
+      v2 = root;
+    }
+  }
   const std::string v1 =
       v2.empty() ? detail::read_small_file("/sys/fs/cgroup/memory/memory.limit_in_bytes")
                  : std::string();

@@ -165,7 +165,7 @@ struct train_config {
 
   // Memory and batch adaptation.
   std::int64_t activation_checkpoint_every = 0;  // segments of k layers recomputed; 0 = off
-  std::int64_t memory_budget_mb = 0;             // 0 = the execution space's capacity
+  std::int64_t memory_budget_mb = 0;             // 0 = 80% of the machine's (or cgroup's) memory
   bool adaptive_batch = false;
   std::int64_t adaptive_batch_min = 8;
   std::int64_t adaptive_batch_max = 512;
@@ -316,8 +316,9 @@ constexpr void visit_keys(Visitor&& v) {
   v(int_key{"activation_checkpoint_every", &c::activation_checkpoint_every, 0, 1 << 20,
             "Activation checkpointing: keep one output per k layers, recompute the rest in "
             "backward; 0 = off."});
-  v(int_key{"memory_budget_mb", &c::memory_budget_mb, 0, int_max,
-            "Memory budget per rank, MiB; 0 = the device's capacity."});
+  v(int_key{"memory_budget_mb", &c::memory_budget_mb, 0, std::int64_t{1} << 40,
+            "Memory budget per rank for batch::adaptive, MiB; 0 = 80% of the machine's (or "
+            "cgroup's) memory."});
   v(bool_key{"adaptive_batch", &c::adaptive_batch,
              "Pick the micro-batch from live memory, keeping the global batch fixed."});
   v(int_key{"adaptive_batch_min", &c::adaptive_batch_min, 1, 1 << 20,

@@ -407,14 +407,15 @@ inline bool all_finite(std::span<const float> values) noexcept {
   std::array<std::uint32_t, lanes> combined{};
   const float* p = values.data();
   const std::size_t n = values.size();
+  const std::size_t whole = n - n % lanes;
   std::size_t i = 0;
-  for (; i + lanes <= n; i += lanes) {
+  for (; i < whole; i += lanes) {
     for (std::size_t j = 0; j < lanes; ++j) {
       combined[j] |= detail::nonfinite_top_bit(p[i + j]);
     }
   }
   std::uint32_t all = 0;
-  for (; i < n; ++i) {
+  for (i = whole; i < n; ++i) {
     all |= detail::nonfinite_top_bit(p[i]);
   }
   for (const std::uint32_t c : combined) {
@@ -438,8 +439,9 @@ inline bool unscale_and_check(std::span<float> grads, double scale) {
   std::array<std::uint32_t, lanes> combined{};
   float* p = grads.data();
   const std::size_t n = grads.size();
+  const std::size_t whole = n - n % lanes;
   std::size_t i = 0;
-  for (; i + lanes <= n; i += lanes) {
+  for (; i < whole; i += lanes) {
     for (std::size_t j = 0; j < lanes; ++j) {
       const float g = p[i + j] * inv;
       p[i + j] = g;
@@ -447,7 +449,7 @@ inline bool unscale_and_check(std::span<float> grads, double scale) {
     }
   }
   std::uint32_t all = 0;
-  for (; i < n; ++i) {
+  for (i = whole; i < n; ++i) {
     const float g = p[i] * inv;
     p[i] = g;
     all |= detail::nonfinite_top_bit(g);

@@ -25,9 +25,13 @@
 // (it keeps the compute copy and its gradients in float buffers); estimate_memory reports both
 // the host layout and a device's. On CUDA (its own issue) the same policy is for speed.
 
+#include <concepts>
+#include <cstdint>
 #include <string_view>
 #include <type_traits>
 
+#include "strata/comm/concepts.hpp"
+#include "strata/comm/types.hpp"
 #include "strata/core/dtype.hpp"
 #include "strata/core/policy.hpp"
 #include "strata/precision/fp32.hpp"
@@ -47,9 +51,16 @@ struct mixed {
                 "65504 and underflow below 6e-8); write precision::mixed<strata::float16, "
                 "precision::dynamic_loss_scaler> (precision::fp16), or use bfloat16");
   static_assert(std::is_same_v<Scaler, no_loss_scaler> ||
-                    std::is_constructible_v<Scaler, loss_scaler_config>,
+                    (std::is_constructible_v<Scaler, loss_scaler_config> &&
+                     requires(Scaler & s, const loss_scaler_state& saved) {
+                       { s.scale() } -> std::convertible_to<double>;
+                       { s.update(true) } -> std::same_as<bool>;
+                       { s.state() } -> std::convertible_to<loss_scaler_state>;
+                       s.restore(saved);
+                     }),
                 "precision::mixed<T, Scaler>: Scaler must be constructible from a "
-                "loss_scaler_config (like precision::dynamic_loss_scaler)");
+                "loss_scaler_config and offer scale(), update(bool) -> bool, state() and "
+                "restore(loss_scaler_state), like precision::dynamic_loss_scaler");
 
   using policy_category = precision_policy_tag;
   using compute_type = T;
@@ -78,5 +89,16 @@ struct precision_traits<mixed<T, Scaler>> {
   static constexpr bool has_scaler = mixed<T, Scaler>::has_scaler;
   static constexpr dtype compute_dtype = mixed<T, Scaler>::compute_dtype;
 };
+
+// Whether any rank of `c` found an overflow: a max all-reduce of one int32 over every rank that
+// holds parameters (data, tensor and pipeline groups alike), so that all of them take the same
+// decision and call the scaler's update() with the same argument: they skip together and their
+// scales stay equal.
+template <comm::comm_backend_collectives Comm>
+bool any_rank_overflowed(Comm& c, bool local_overflow) {
+  std::int32_t flag = local_overflow ? 1 : 0;
+  c.all_reduce(&flag, &flag, 1, dtype::int32, comm::reduce_op::max);
+  return flag != 0;
+}
 
 }  // namespace strata::precision

@@ -20,6 +20,7 @@
 // masks, rates and optimizer state follow, so a resumed run matches an uninterrupted one bit for
 // bit.
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -619,6 +620,44 @@ class trainer {
         (cfg_.adam_beta1 >= 1.0 || cfg_.adam_beta2 >= 1.0)) {
       refuse(cfg_.adam_beta1 >= 1.0 ? "adam_beta1" : "adam_beta2", "AdamW betas must be below 1");
     }
+    // Keys of policies this trainer does not run are refused when set, not ignored.
+    const config::train_config d{};
+    if constexpr (!scaled) {
+      const std::pair<const char*, bool> scaler_keys[] = {
+          {"loss_scale_initial", cfg_.loss_scale_initial != d.loss_scale_initial},
+          {"loss_scale_growth_factor", cfg_.loss_scale_growth_factor != d.loss_scale_growth_factor},
+          {"loss_scale_backoff_factor",
+           cfg_.loss_scale_backoff_factor != d.loss_scale_backoff_factor},
+          {"loss_scale_growth_interval",
+           cfg_.loss_scale_growth_interval != d.loss_scale_growth_interval},
+          {"loss_scale_hysteresis", cfg_.loss_scale_hysteresis != d.loss_scale_hysteresis},
+          {"loss_scale_min", cfg_.loss_scale_min != d.loss_scale_min},
+          // Mixed precision without a scaler still aborts after this many non-finite steps.
+          {"loss_scale_max_skips", !mixed && cfg_.loss_scale_max_skips != d.loss_scale_max_skips}};
+      for (const auto& [key, set] : scaler_keys) {
+        if (set) {
+          refuse(key, std::string(key) +
+                          " configures a loss scaler; the trainer's precision "
+                          "policy " +
+                          std::string(precision_policy::name) +
+                          " has none (precision::fp16 has one)");
+        }
+      }
+    }
+    if constexpr (!adapts) {
+      const std::pair<const char*, bool> adaptive_keys[] = {
+          {"memory_budget_mb", cfg_.memory_budget_mb != d.memory_budget_mb},
+          {"adaptive_batch_min", cfg_.adaptive_batch_min != d.adaptive_batch_min},
+          {"adaptive_batch_max", cfg_.adaptive_batch_max != d.adaptive_batch_max}};
+      for (const auto& [key, set] : adaptive_keys) {
+        if (set) {
+          refuse(key, std::string(key) +
+                          " configures batch::adaptive; the trainer's batch "
+                          "policy is " +
+                          std::string(batch_policy::name));
+        }
+      }
+    }
     if (cfg_.adaptive_batch != adapts) {
       refuse("adaptive_batch",
              adapts ? std::string("the trainer's batch policy is batch::adaptive; set "
@@ -660,7 +699,10 @@ class trainer {
     const batch::adaptive_controller probe(ac, estimate, budget, base);
     ac.initial_micro =
         std::min(probe.micro_batch(), static_cast<std::size_t>(cfg_.batch_size_per_gpu));
-    ac.initial_micro = std::max(ac.initial_micro, ac.min_micro);
+    if (adaptive_micro_batch_ != 0) {
+      ac.initial_micro = adaptive_micro_batch_;  // resumed: where the saved run was
+    }
+    ac.initial_micro = std::clamp(ac.initial_micro, ac.min_micro, std::min(global, ac.max_micro));
     return batch::adaptive_controller(ac, estimate, budget, base);
   }
 
@@ -720,6 +762,7 @@ class trainer {
     // over its ranks first (batch::agree_micro_batch).
     const std::size_t proposal = controller.propose(step_, peak, budget);
     controller.apply(step_, proposal, peak, budget);
+    adaptive_micro_batch_ = controller.micro_batch();
     log_adaptive(controller, bar);
     return loss;
   }
@@ -799,8 +842,20 @@ class trainer {
       }
       if (!apply) {
         ++skipped_steps_;
+        if constexpr (!scaled) {
+          // No scale to back off: a run of non-finite steps ends training, as a scaler would.
+          if (++nonfinite_in_a_row_ >= static_cast<std::uint64_t>(cfg_.loss_scale_max_skips)) {
+            throw error(
+                std::string(precision_policy::name) + ": the gradients were not finite on " +
+                std::to_string(nonfinite_in_a_row_) + " consecutive steps (steps " +
+                std::to_string(step_ + 1 - nonfinite_in_a_row_) + " to " + std::to_string(step_) +
+                "), aborting (loss_scale_max_skips); lower the learning rate or check the "
+                "data and the loss for NaN");
+          }
+        }
         return false;
       }
+      nonfinite_in_a_row_ = 0;
     }
     apply_update(lr);
     return true;
@@ -863,6 +918,7 @@ class trainer {
         {"lr_schedule", {{"step", step_}}},
         {"loss_scaler", scaler_json()},
         {"skipped_steps", skipped_steps_},
+        {"adaptive_micro_batch", adaptive_micro_batch_},
         {"precision", std::string(precision_policy::name)},
         {"layout", {{"world_size", 1}, {"parallel", std::string(parallel_policy::name)}}},
         {"params_xxh3", xxh3_hex(params_.values())}};
@@ -894,6 +950,8 @@ class trainer {
       scaler_->restore(precision::loss_scaler_state_from_json(s.at("loss_scaler")));
     }
     skipped_steps_ = s.contains("skipped_steps") ? s.at("skipped_steps").get<std::uint64_t>() : 0;
+    adaptive_micro_batch_ =
+        s.contains("adaptive_micro_batch") ? s.at("adaptive_micro_batch").get<std::size_t>() : 0;
     resume_point point{.epoch = s.at("epoch").get<std::uint64_t>(),
                        .next_batch = s.at("next_batch").get<std::uint64_t>(),
                        .name = loaded->info.name};
@@ -918,6 +976,8 @@ class trainer {
   std::optional<typename detail::scaler_of<precision_policy>::type> scaler_{};
   std::uint64_t skipped_steps_ = 0;
   std::size_t adaptive_logged_ = 0;
+  std::size_t adaptive_micro_batch_ = 0;  // the controller's choice for the next step; 0 = none yet
+  std::uint64_t nonfinite_in_a_row_ = 0;
   std::size_t last_micro_batch_ = 0;
 };
 

@@ -1,4 +1,4 @@
-// expect-error: trainer: this version runs the batch policies 'batch::fixed' and
+// expect-error: trainer: this version runs the batch policies 'batch::fixed',
 // SPDX-License-Identifier: Apache-2.0
 // A batch policy the trainer does not run yet goes into its slot.
 #include "strata/model/layers.hpp"

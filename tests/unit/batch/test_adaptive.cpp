@@ -461,3 +461,11 @@ TEST_CASE("memory budget: cgroup and meminfo parsing, and this machine's memory"
   CHECK_THROWS_AS(strata::batch::default_memory_budget(0.0), std::invalid_argument);
   CHECK_THROWS_AS(strata::batch::default_memory_budget(1.5), std::invalid_argument);
 }
+
+TEST_CASE("cgroup_v2_path finds this process's cgroup v2 directory") {
+  CHECK(strata::batch::cgroup_v2_path("0::/user.slice/session-1.scope\n") ==
+        "/user.slice/session-1.scope");
+  CHECK(strata::batch::cgroup_v2_path("12:memory:/docker/abc\n0::/\n") == "/");
+  CHECK(strata::batch::cgroup_v2_path("12:memory:/docker/abc\n").empty());
+  CHECK(strata::batch::cgroup_v2_path("").empty());
+}

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "strata/comm/threads.hpp"
 #include "strata/core/round.hpp"
 #include "strata/data/transforms.hpp"
 #include "strata/model/layers.hpp"
@@ -341,4 +342,44 @@ TEST_CASE("a precision policy and a different mixed_precision_dtype are refused 
   CHECK_THROWS_WITH_AS((st::trainer<decltype(small_model()), sp::fp16>(small_model(), cfg,
                                                                        {.print_progress = false})),
                        doctest::Contains("loss_scale_min"), strata::config_error);
+}
+
+TEST_CASE("an overflow on one rank makes every rank skip with the same scale") {
+  // Two ranks, each with its own gradients and scaler; rank 1 alone overflows at steps 2 and 5.
+  std::vector<sp::loss_scaler_state> final_states(2);
+  std::vector<std::vector<bool>> applied(2);
+  strata::comm::threads::run(2, [&](strata::comm::threads& c) {
+    sp::dynamic_loss_scaler scaler({.growth_interval = 3});
+    const int r = c.rank();
+    for (std::uint64_t step = 0; step < 8; ++step) {
+      std::vector<float> grads(64, 0.25f * static_cast<float>(r + 1));
+      if (r == 1 && (step == 2 || step == 5)) {
+        grads[7] = std::numeric_limits<float>::infinity();
+      }
+      const bool finite = sp::unscale_and_check(grads, scaler.scale());
+      const bool overflow = sp::any_rank_overflowed(c, !finite);
+      applied[static_cast<std::size_t>(r)].push_back(scaler.update(overflow));
+    }
+    final_states[static_cast<std::size_t>(r)] = scaler.state();
+  });
+  const std::vector<bool> want = {true, true, false, true, true, false, true, true};
+  CHECK(applied[0] == want);
+  CHECK(applied[1] == want);
+  CHECK(final_states[0] == final_states[1]);
+  CHECK(final_states[0].skipped_total == 2);
+}
+
+TEST_CASE("bfloat16 without a scaler aborts after loss_scale_max_skips non-finite steps") {
+  auto cfg = base_config("bf16-abort");
+  cfg.mixed_precision_dtype = strata::config::precision_dtype::bfloat16;
+  cfg.loss_scale_max_skips = 4;
+  st::trainer<decltype(small_model()), sp::bf16> t(small_model(), cfg, {.print_progress = false});
+  t.on_gradients([](std::uint64_t step, std::span<float> grads) {
+    if (step == 2 || step >= 6) {
+      grads[3] = std::numeric_limits<float>::infinity();
+    }
+  });
+  CHECK_THROWS_WITH_AS(t.fit(blobs{}, sd::identity{}, blobs{.n = 64, .salt = 1}, sd::identity{}),
+                       doctest::Contains("4 consecutive steps (steps 6 to 9)"), strata::error);
+  CHECK(t.skipped_steps() == 5);
 }

@@ -77,6 +77,12 @@ strata::config::train_config base_config(const std::string& name) {
   cfg.loader_workers = 1;
   cfg.checkpoint_dir = (dir / "ckpt").string();
   cfg.checkpoint_interval = 0;
+  return cfg;
+}
+
+strata::config::train_config adaptive_config(const std::string& name) {
+  auto cfg = base_config(name);
+  cfg.adaptive_batch = true;
   cfg.adaptive_batch_min = 1;
   cfg.adaptive_batch_max = 512;
   return cfg;
@@ -129,8 +135,7 @@ TEST_CASE("the adaptive micro-batch grows into a real budget and trains like a f
     reference = record(fixed);
   }
 
-  cfg = base_config("grow");
-  cfg.adaptive_batch = true;
+  cfg = adaptive_config("grow");
   cfg.batch_size_per_gpu = 4;  // a small start
   cfg.gradient_accumulation_steps = 32;
   // Room for about 40 samples of workspace above what is held now (parameters, loader and
@@ -172,8 +177,7 @@ TEST_CASE("an allocation failure inside a step re-runs its samples in smaller mi
     reference = record(fixed);
   }
 
-  cfg = base_config("oom");
-  cfg.adaptive_batch = true;
+  cfg = adaptive_config("oom");
   cfg.batch_size_per_gpu = 128;
   cfg.gradient_accumulation_steps = 1;
   cfg.memory_budget_mb = budget_mb_above_now(std::size_t{5} << 20);
@@ -188,8 +192,7 @@ TEST_CASE("an allocation failure inside a step re-runs its samples in smaller mi
 }
 
 TEST_CASE("a step that does not fit at the smallest micro-batch names the budget keys") {
-  auto cfg = base_config("too-small");
-  cfg.adaptive_batch = true;
+  auto cfg = adaptive_config("too-small");
   cfg.batch_size_per_gpu = 16;
   cfg.adaptive_batch_min = 8;
   cfg.memory_budget_mb = budget_mb_above_now(std::size_t{1} << 20);
@@ -209,4 +212,45 @@ TEST_CASE("adaptive_batch and the batch policy must agree") {
   CHECK_THROWS_WITH_AS((st::trainer<decltype(wide_model()), strata::batch::adaptive>(
                            wide_model(), cfg, {.print_progress = false})),
                        doctest::Contains("adaptive_batch = true"), strata::config_error);
+}
+
+TEST_CASE("keys of policies the trainer does not run are refused, not ignored") {
+  auto cfg = base_config("ignored");
+  cfg.gradient_accumulation_steps = 1;
+  cfg.memory_budget_mb = 100;
+  CHECK_THROWS_WITH_AS(st::trainer(wide_model(), cfg, {.print_progress = false}),
+                       doctest::Contains("memory_budget_mb configures batch::adaptive"),
+                       strata::config_error);
+  cfg = base_config("ignored");
+  cfg.gradient_accumulation_steps = 1;
+  cfg.loss_scale_initial = 1024.0;
+  CHECK_THROWS_WITH_AS(st::trainer(wide_model(), cfg, {.print_progress = false}),
+                       doctest::Contains("loss_scale_initial configures a loss scaler"),
+                       strata::config_error);
+}
+
+TEST_CASE("a resumed adaptive run continues from the saved micro-batch") {
+  auto cfg = adaptive_config("resume");
+  cfg.batch_size_per_gpu = 4;
+  cfg.gradient_accumulation_steps = 32;
+  cfg.memory_budget_mb = budget_mb_above_now(std::size_t{3} << 20);
+  cfg.checkpoint_interval = 1;
+  cfg.max_steps = 6;
+  run_record first;
+  {
+    st::trainer<decltype(wide_model()), strata::batch::adaptive> t(wide_model(), cfg,
+                                                                   {.print_progress = false});
+    first = record(t);
+  }
+  REQUIRE(first.steps.size() == 6);
+  CHECK(first.steps.back().micro_batch > 4);
+  cfg.max_steps = 0;
+  st::trainer<decltype(wide_model()), strata::batch::adaptive> t(wide_model(), cfg,
+                                                                 {.print_progress = false});
+  const run_record second = record(t);
+  CHECK_FALSE(second.summary.resumed_from.empty());
+  REQUIRE_FALSE(second.steps.empty());
+  CHECK(second.steps.front().step == 6);
+  // Step 6 runs with what step 5 decided, not with the small start again.
+  CHECK(second.steps.front().micro_batch > 4);
 }

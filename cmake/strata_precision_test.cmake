@@ -1,0 +1,49 @@
+# SPDX-License-Identifier: Apache-2.0
+# Mixed precision against float32 on real data: runs PROGRAM (a trainer binary) once with
+# mixed_precision_dtype = float32 and once with DTYPE, the rest of ARGS equal, and checks that
+# the test accuracies of the two summaries differ by at most TOLERANCE (a fraction: 0.005 is
+# half a point).
+#   cmake -DPROGRAM=... -DWORK=dir -DDTYPE=bfloat16 -DTOLERANCE=0.005 "-DARGS=--epochs;3" -P file
+cmake_minimum_required(VERSION 3.25)
+file(REMOVE_RECURSE "${WORK}")
+
+function(accuracy dtype out_var)
+  file(MAKE_DIRECTORY "${WORK}/${dtype}")
+  execute_process(COMMAND "${PROGRAM}" ${ARGS} --mixed_precision_dtype ${dtype} --resume false
+    --checkpoint_dir "${WORK}/${dtype}/checkpoints"
+    WORKING_DIRECTORY "${WORK}/${dtype}" RESULT_VARIABLE rc OUTPUT_VARIABLE out
+    ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "${PROGRAM} (${dtype}) failed (${rc}):\n${out}\n${err}")
+  endif()
+  if(NOT out MATCHES "summary: test_accuracy ([0-9.]+)")
+    message(FATAL_ERROR "no summary line in the output of ${dtype}:\n${out}")
+  endif()
+  message(STATUS "${dtype}: test accuracy ${CMAKE_MATCH_1}")
+  set(${out_var} "${CMAKE_MATCH_1}" PARENT_SCOPE)
+endfunction()
+
+accuracy(float32 reference)
+accuracy(${DTYPE} mixed)
+# CMake's math is integer-only: compare in units of 1e-4.
+function(to_units text out_var)
+  if(NOT text MATCHES "^([0-9]+)\\.?([0-9]*)$")
+    message(FATAL_ERROR "not a number: ${text}")
+  endif()
+  set(whole "${CMAKE_MATCH_1}")
+  string(SUBSTRING "${CMAKE_MATCH_2}0000" 0 4 fraction)
+  math(EXPR units "${whole} * 10000 + 1${fraction} - 10000")  # 1 in front: no octal, no empty
+  set(${out_var} "${units}" PARENT_SCOPE)
+endfunction()
+to_units("${reference}" ref_digits)
+to_units("${mixed}" mixed_digits)
+to_units("${TOLERANCE}" tol_digits)
+math(EXPR diff "${mixed_digits} - ${ref_digits}")
+if(diff LESS 0)
+  math(EXPR diff "0 - ${diff}")
+endif()
+if(diff GREATER tol_digits)
+  message(FATAL_ERROR "${DTYPE} reached ${mixed}, float32 ${reference}: they differ by more than "
+    "${TOLERANCE}")
+endif()
+message(STATUS "${DTYPE} ${mixed} vs float32 ${reference}: within ${TOLERANCE}")
