@@ -58,16 +58,17 @@ int main(int argc, char** argv) {
             sd::load_fashion_mnist(cfg.data_dir, sd::fashion_mnist_split::train);
         const sd::idx_dataset test =
             sd::load_fashion_mnist(cfg.data_dir, sd::fashion_mnist_split::test);
-        // The batch and precision policies follow the configuration (adaptive_batch,
-        // gradient_accumulation_steps, mixed_precision_dtype).
-        return examples::with_policies(cfg, [&]<class Batch, class Precision>() {
-          strata::train::trainer<decltype(make_cnn()), Batch, Precision> run(make_cnn(), cfg);
-          std::printf(
-              "fashion_mnist_cnn: %zu parameters, %zu training / %zu test samples, BLAS: %s, "
-              "policies: %s, %s\n",
-              run.params().parameter_count(), train.size(), test.size(),
-              std::string(sm::blas_backend()).c_str(), std::string(Batch::name).c_str(),
-              std::string(Precision::name).c_str());
+        // The batch, precision and parallel policies follow the configuration (adaptive_batch,
+        // gradient_accumulation_steps, mixed_precision_dtype, world_size,
+        // communication_backend).
+        return examples::train_as_configured(make_cnn(), cfg, [&](auto& run) {
+          if (run.rank() == 0) {
+            std::printf(
+                "fashion_mnist_cnn: %zu parameters, %zu training / %zu test samples, BLAS: %s, "
+                "%d rank(s)\n",
+                run.params().parameter_count(), train.size(), test.size(),
+                std::string(sm::blas_backend()).c_str(), run.world_size());
+          }
           return run.fit(train, cnn_augmentation(cfg.augment), test, sd::fashion_mnist_normalize());
         });
       });

@@ -10,9 +10,17 @@
 #include <filesystem>
 #include <string>
 #include <system_error>
+#include <type_traits>
 #include <vector>
 
 #include <strata/batch/accumulate.hpp>
+#include <strata/comm/any_comm.hpp>
+#include <strata/comm/threads.hpp>
+#include <strata/parallel/data.hpp>
+#include <strata/parallel/single_rank.hpp>
+#ifdef STRATA_EXAMPLES_MPI
+#include <strata/comm/mpi.hpp>
+#endif
 #include <strata/batch/adaptive.hpp>
 #include <strata/config.hpp>
 #include <strata/precision/mixed.hpp>
@@ -42,9 +50,18 @@ inline std::vector<const char*> with_default_config(int argc, char** argv,
   return args;
 }
 
+// False in the processes of an MPI job other than rank 0, which print no summary.
+inline bool& prints_summary() {
+  static bool yes = true;
+  return yes;
+}
+
 // The line the tests and scripts read: "summary: test_accuracy ... params_xxh3 ...".
 inline void print_summary(const strata::train::fit_summary& s,
                           const strata::config::train_config& cfg) {
+  if (!prints_summary()) {
+    return;
+  }
   std::printf(
       "summary: test_accuracy %.4f test_loss %.4f epochs %llu steps %llu samples_per_s %.0f "
       "wall_s %.1f params_xxh3 %s%s%s\n",
@@ -58,28 +75,71 @@ inline void print_summary(const strata::train::fit_summary& s,
   }
 }
 
-// Runs body.template operator()<BatchPolicy, PrecisionPolicy>() with the policies the
-// configuration names: batch::adaptive when adaptive_batch is on, else batch::accumulate (with
-// gradient_accumulation_steps = 1 that is a fixed batch); precision::fp32, fp16 or bf16 by
-// mixed_precision_dtype. Policies are compile-time choices: each pair is its own trainer type.
-template <class Body>
-auto with_policies(const strata::config::train_config& cfg, Body&& body) {
+// Makes the trainer the configuration names and runs fit through `train(trainer&)`:
+//   - batch: batch::adaptive when adaptive_batch is on, else batch::accumulate (with
+//     gradient_accumulation_steps = 1 that is a fixed batch);
+//   - precision: precision::fp32, fp16 or bf16 by mixed_precision_dtype;
+//   - parallel: world_size 1 is parallel::single_rank; more is parallel::data<all_reduce> over
+//     communication_backend: `threads` runs world_size ranks as threads of this process (rank
+//     0's summary is returned), `mpi` makes this process one rank of mpiexec's job (built with
+//     MPI; `mpiexec -n 2 fashion_mnist_mlp --world_size 2 --communication_backend mpi`).
+// Policies are compile-time choices: each combination is its own trainer type. The adaptive
+// batch runs on one rank in the examples.
+template <class Model, class Train>
+strata::train::fit_summary train_as_configured(const Model& model,
+                                               const strata::config::train_config& cfg,
+                                               Train&& train) {
   using strata::config::precision_dtype;
-  const auto by_precision = [&]<class Batch>() {
+  const auto with_precision = [&](auto&& run) {
     switch (cfg.mixed_precision_dtype) {
       case precision_dtype::float16:
-        return body.template operator()<Batch, strata::precision::fp16>();
+        return run(std::type_identity<strata::precision::fp16>{});
       case precision_dtype::bfloat16:
-        return body.template operator()<Batch, strata::precision::bf16>();
+        return run(std::type_identity<strata::precision::bf16>{});
       case precision_dtype::float32:
         break;
     }
-    return body.template operator()<Batch, strata::precision::fp32>();
+    return run(std::type_identity<strata::precision::fp32>{});
   };
-  if (cfg.adaptive_batch) {
-    return by_precision.template operator()<strata::batch::adaptive>();
-  }
-  return by_precision.template operator()<strata::batch::accumulate>();
+  return with_precision([&]<class Precision>(std::type_identity<Precision>) {
+    if (cfg.world_size == 1) {
+      if (cfg.adaptive_batch) {
+        strata::train::trainer<Model, strata::batch::adaptive, Precision> run(model, cfg);
+        return train(run);
+      }
+      strata::train::trainer<Model, strata::batch::accumulate, Precision> run(model, cfg);
+      return train(run);
+    }
+    using data_trainer = strata::train::trainer<Model, strata::batch::accumulate, Precision,
+                                                strata::parallel::data<>>;
+    if (cfg.communication_backend == strata::config::comm_backend_kind::mpi) {
+#ifdef STRATA_EXAMPLES_MPI
+      static strata::comm::mpi_environment environment;
+      auto world = strata::comm::mpi::world({.timeout = cfg.comm_timeout});
+      prints_summary() = world.rank() == 0;
+      data_trainer run(model, cfg, strata::comm::any_comm(world));
+      return train(run);
+#else
+      throw strata::config_error({.key = "communication_backend"},
+                                 "this build has no MPI (configure with STRATA_ENABLE_MPI=ON)");
+#endif
+    }
+    if (cfg.communication_backend != strata::config::comm_backend_kind::threads) {
+      throw strata::config_error({.key = "communication_backend"},
+                                 "the examples run data parallelism over threads or mpi");
+    }
+    strata::train::fit_summary first;
+    strata::comm::threads::run(static_cast<int>(cfg.world_size),
+                               [&](strata::comm::threads& comm) {
+                                 data_trainer run(model, cfg, strata::comm::any_comm(comm));
+                                 strata::train::fit_summary s = train(run);
+                                 if (comm.rank() == 0) {
+                                   first = std::move(s);
+                                 }
+                               },
+                               {.timeout = cfg.comm_timeout});
+    return first;
+  });
 }
 
 // Parses the command line (with `config_name` beside the binary as the default file) and runs

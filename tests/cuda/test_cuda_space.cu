@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "strata/batch/adaptive.hpp"
 #include "strata/core/error.hpp"
 #include "strata/core/host.hpp"
 
@@ -181,4 +182,20 @@ TEST_CASE("pinned memory is accounted apart from host memory") {
     CHECK(strata::host{}.memory().stats().in_use == host_before.in_use);
   }
   CHECK(strata::cuda_pinned{}.memory().stats().in_use == pinned_before.in_use);
+}
+
+TEST_CASE("space_monitor on a GPU counts what the device holds outside the tracker") {
+  strata::cuda gpu{0};
+  strata::batch::space_monitor<strata::cuda> monitor(gpu);
+  const strata::memory_snapshot info = gpu.memory_info();
+  REQUIRE(info.device_total > 0);
+  CHECK(monitor.budget() == static_cast<std::size_t>(0.8 * static_cast<double>(info.device_total)));
+  monitor.reset_peak();
+  // The CUDA context alone holds device memory the tracker does not see.
+  const std::size_t idle = monitor.peak();
+  CHECK(idle > gpu.memory().stats().peak);
+  {
+    strata::buffer<float, strata::cuda> block(gpu, std::size_t{16} << 20);
+    CHECK(monitor.peak() >= idle + (std::size_t{64} << 20));
+  }
 }

@@ -44,6 +44,7 @@
 #include "strata/comm/types.hpp"
 #include "strata/core/dtype.hpp"
 #include "strata/core/error.hpp"
+#include "strata/core/execution_space.hpp"
 #include "strata/core/format.hpp"
 #include "strata/core/host.hpp"
 #include "strata/core/memory.hpp"
@@ -220,6 +221,59 @@ class tracker_monitor {
  private:
   memory_tracker* tracker_;
   std::size_t fallback_budget_;
+};
+
+// The monitor of an execution space: its tracker, and for a device space (strata::cuda) also
+// what the device itself reports through memory_info() (cudaMemGetInfo): bytes in use on the
+// device that the tracker does not account (the CUDA context, other processes, libraries'
+// workspaces) count against the budget, since they are gone for the step as well. A host space
+// reads only its tracker: the machine's other processes are not the step's to judge.
+//   1. budget(): the tracker's budget if set, else `fallback_budget`, else share x the device's
+//      total memory;
+//   2. peak(): the tracker's peak since reset_peak(), plus (device spaces) the untracked bytes
+//      in use measured then.
+template <execution_space Space>
+class space_monitor {
+ public:
+  explicit space_monitor(Space space = Space{}, std::size_t fallback_budget = 0,
+                         double share = 0.8) noexcept
+      : space_(std::move(space)), fallback_budget_(fallback_budget), share_(share) {}
+
+  std::size_t budget() const {
+    const std::size_t own = space_.memory().budget();
+    if (own != 0) {
+      return own;
+    }
+    if (fallback_budget_ != 0) {
+      return fallback_budget_;
+    }
+    const memory_snapshot info = space_.memory_info();
+    return static_cast<std::size_t>(share_ * static_cast<double>(info.device_total));
+  }
+  void reset_peak() {
+    space_.memory().reset_peak();
+    outside_ = untracked_in_use();
+  }
+  std::size_t peak() const { return space_.memory().stats().peak + outside_; }
+
+ private:
+  std::size_t untracked_in_use() const {
+    if constexpr (Space::host_accessible) {
+      return 0;
+    } else {
+      const memory_snapshot info = space_.memory_info();
+      if (info.device_total == 0 || info.device_free > info.device_total) {
+        return 0;
+      }
+      const std::size_t used = info.device_total - info.device_free;
+      return used > info.stats.in_use ? used - info.stats.in_use : 0;
+    }
+  }
+
+  Space space_;
+  std::size_t fallback_budget_;
+  double share_;
+  std::size_t outside_ = 0;
 };
 
 // ---- the controller -----------------------------------------------------------------------------

@@ -216,6 +216,15 @@ class sequential {
   // and adds every parameter's gradient into params.grads().
   void backward(sequential_workspace& w, param_store& params,
                 std::span<const float> grad_output) const {
+    backward(w, params, grad_output, [](std::size_t) {});
+  }
+
+  // The same, calling after_layer(i) as soon as layer i's parameter gradients are complete
+  // (layers in reverse order; i is also the parameter group): data parallelism starts
+  // communicating a bucket of gradients while the layers before it are still going back.
+  template <class AfterLayer>
+  void backward(sequential_workspace& w, param_store& params, std::span<const float> grad_output,
+                AfterLayer&& after_layer) const {
     if (!w.forward_done_) {
       throw std::logic_error("sequential::backward: no forward pass to go back through");
     }
@@ -253,6 +262,7 @@ class sequential {
         layer_traits<layer_t<I>>::backward(l, a);
         round_through(grad_in, w.options_.storage);
       }
+      after_layer(I);
       upstream = grad_in;
       into_a = !into_a;
     });

@@ -43,6 +43,7 @@
 #include "strata/batch/accumulate.hpp"
 #include "strata/batch/adaptive.hpp"
 #include "strata/batch/fixed.hpp"
+#include "strata/comm/any_comm.hpp"
 #include "strata/config/train_config.hpp"
 #include "strata/config/validate.hpp"
 #include "strata/core/error.hpp"
@@ -58,6 +59,7 @@
 #include "strata/model/softmax_cross_entropy.hpp"
 #include "strata/optim/any_optimizer.hpp"
 #include "strata/optim/lr_schedule.hpp"
+#include "strata/parallel/data.hpp"
 #include "strata/parallel/single_rank.hpp"
 #include "strata/precision/fp32.hpp"
 #include "strata/precision/loss_scaler.hpp"
@@ -167,18 +169,36 @@ class trainer {
   static constexpr bool mixed = precision_traits::is_mixed;
   static constexpr bool scaled = precision_traits::has_scaler;
   static constexpr dtype compute_dtype = precision_traits::compute_dtype;
-  static_assert(std::is_same_v<parallel_policy, parallel::single_rank>,
-                "trainer: this version runs the parallel policy 'parallel::single_rank' only");
+  static_assert(std::is_same_v<parallel_policy, parallel::single_rank> ||
+                    parallel::is_data_parallel<parallel_policy>,
+                "trainer: this version runs the parallel policies 'parallel::single_rank' and "
+                "'parallel::data<all_reduce>' only");
+  static constexpr bool distributed = parallel::is_data_parallel<parallel_policy>;
+  struct construct_tag {};
 
  public:
   using model_type = Model;
 
-  trainer(Model model, config::train_config cfg, trainer_options options = {})
+  // One rank (parallel::single_rank).
+  trainer(Model model, config::train_config cfg,
+          trainer_options options = {}) requires(!distributed)
+      : trainer(construct_tag{}, std::move(model), std::move(cfg), options, std::nullopt) {}
+
+  // This rank of a data-parallel job (parallel::data): `comm` spans the job's ranks, as many as
+  // world_size. Construction is collective: rank 0's initial parameters go to every rank.
+  trainer(Model model, config::train_config cfg, comm::any_comm comm,
+          trainer_options options = {}) requires distributed
+      : trainer(construct_tag{}, std::move(model), std::move(cfg), options, comm) {}
+
+ private:
+  trainer(construct_tag, Model model, config::train_config cfg, trainer_options options,
+          std::optional<comm::any_comm> comm)
       : model_(std::move(model)),
         cfg_(std::move(cfg)),
         options_(options),
+        comm_(comm),
         params_(model_.make_params()),
-        optimizer_(checked_optimizer(cfg_)) {
+        optimizer_(checked_optimizer(cfg_, comm ? comm->size() : 1, comm ? comm->rank() : 0)) {
     if (model_.output_shape().channels != 1 || model_.output_shape().height != 1) {
       throw std::invalid_argument("trainer: the model's output " +
                                   to_string(model_.output_shape()) +
@@ -193,7 +213,15 @@ class trainer {
     if constexpr (scaled) {
       scaler_.emplace(scaler_config(cfg_));
     }
+    if constexpr (distributed) {
+      comm_->broadcast(params_.values().data(), params_.size(), dtype::float32, 0);
+    }
   }
+
+ public:
+  // This rank and the number of ranks (0 and 1 on one rank).
+  int rank() const noexcept { return comm_ ? comm_->rank() : 0; }
+  int world_size() const noexcept { return comm_ ? comm_->size() : 1; }
 
   const Model& model() const noexcept { return model_; }
   const config::train_config& config() const noexcept { return cfg_; }
@@ -240,8 +268,8 @@ class trainer {
 
     data::distributed_sampler sampler(
         {.dataset_size = train_view.size(),
-         .ranks = 1,
-         .rank = 0,
+         .ranks = world_size(),
+         .rank = rank(),
          .seed = static_cast<std::uint64_t>(cfg_.seed),
          .shuffle = true,
          .remainder = cfg_.sampler_remainder == config::sampler_remainder_kind::pad
@@ -270,7 +298,7 @@ class trainer {
     checkpoint_store store({.dir = cfg_.checkpoint_dir,
                             .keep = static_cast<std::size_t>(cfg_.checkpoint_keep),
                             .config_hash = config_hash(cfg_)});
-    progress bar({.enabled = options_.print_progress,
+    progress bar({.enabled = options_.print_progress && rank() == 0,
                   .log_every = static_cast<std::uint64_t>(cfg_.log_every),
                   .terminal = options_.terminal,
                   .out = options_.progress_out});
@@ -293,6 +321,14 @@ class trainer {
     if constexpr (adapts) {
       controller.emplace(make_controller(micro_batch));
       log_adaptive(*controller, bar);
+    }
+    parallel::bucket_reducer reducer;
+    if constexpr (distributed) {
+      reducer = parallel::bucket_reducer(
+          *comm_,
+          parallel::make_buckets(compute_params(), static_cast<std::size_t>(cfg_.bucket_size_mb)
+                                                       << 20),
+          compute_dtype);
     }
     auto work = adapts ? typename Model::workspace_type{}
                        : training_workspace(static_cast<std::size_t>(cfg_.batch_size_per_gpu));
@@ -330,27 +366,52 @@ class trainer {
           if constexpr (adapts) {
             part = adaptive_step(*b, work, grad_logits, classes, grad_scale, *controller, bar);
           } else {
-            part = micro_step(*b, work, grad_logits, classes, grad_scale);
+            // Only the step's last micro-batch communicates, overlapped with its backward.
+            const bool last = m + 1 == micro;
+            part = micro_step(*b, work, grad_logits, classes, grad_scale,
+                              distributed && last ? &reducer : nullptr);
           }
           loss.loss_sum += part.loss_sum;
           loss.correct += part.correct;
           compute += seconds_since(compute_begin);
         }
+        double comm_seconds = 0.0;
+        std::size_t global_samples = step_samples;
+        if constexpr (distributed) {
+          const auto comm_begin = clock::now();
+          if constexpr (adapts) {
+            // The adaptive step may re-run micro-batches after an allocation failure, so its
+            // gradients go out only once all of them are done.
+            reducer.begin(compute_params().grads());
+          }
+          reducer.finish();
+          if constexpr (mixed) {
+            round_through(compute_params().grads(), compute_dtype);  // the average, stored in T
+          }
+          // The step's loss, accuracy and samples over every rank.
+          double totals[3] = {loss.loss_sum, static_cast<double>(loss.correct),
+                              static_cast<double>(step_samples)};
+          comm_->all_reduce(totals, totals, 3, dtype::float64, comm::reduce_op::sum);
+          loss.loss_sum = totals[0];
+          loss.correct = static_cast<std::size_t>(totals[1]);
+          global_samples = static_cast<std::size_t>(totals[2]);
+          comm_seconds = seconds_since(comm_begin);
+        }
         const auto update_begin = clock::now();
         const bool applied = finish_step(lr);
         compute += seconds_since(update_begin);
-        const auto samples = static_cast<double>(step_samples);
+        const auto samples = static_cast<double>(global_samples);
         step_metrics sm{.epoch = epoch,
                         .step = step_,
                         .epoch_step = first / accumulation,
-                        .samples = step_samples,
+                        .samples = global_samples,
                         .loss = loss.loss_sum / samples,
                         .accuracy = static_cast<double>(loss.correct) / samples,
                         .lr = lr,
                         .data_seconds = data_seconds,
                         .compute_seconds = compute,
-                        .comm_seconds = 0.0,
-                        .samples_per_second = samples / (data_seconds + compute),
+                        .comm_seconds = comm_seconds,
+                        .samples_per_second = samples / (data_seconds + compute + comm_seconds),
                         .peak_bytes = host{}.memory().stats().peak,
                         .skipped = !applied,
                         .loss_scale = scale,
@@ -360,9 +421,10 @@ class trainer {
         correct += loss.correct;
         em.steps += 1;
         em.skipped_steps += applied ? 0 : 1;
-        em.samples += step_samples;
+        em.samples += global_samples;
         em.data_seconds += sm.data_seconds;
         em.compute_seconds += sm.compute_seconds;
+        em.comm_seconds += sm.comm_seconds;
         metrics.write(sm);
         for (auto& f : step_callbacks_) {
           f(sm);
@@ -574,20 +636,28 @@ class trainer {
   }
 
   // Validates the configuration, refuses what this trainer does not run, and makes the optimizer.
-  static optim::any_optimizer checked_optimizer(const config::train_config& cfg_) {
+  static optim::any_optimizer checked_optimizer(const config::train_config& cfg_, int world,
+                                                int rank) {
     config::validate(cfg_);
-    refuse_unsupported(cfg_);
+    refuse_unsupported(cfg_, world, rank);
     return optim::make_optimizer(optimizer_choice(cfg_));
   }
 
-  static void refuse_unsupported(const config::train_config& cfg_) {
+  static void refuse_unsupported(const config::train_config& cfg_, int world, int rank) {
     auto refuse = [](std::string key, std::string text) {
       throw config_error({.key = std::move(key), .file = {}, .line = 0, .column = 0},
                          std::move(text));
     };
-    if (cfg_.world_size != 1) {
+    if constexpr (distributed) {
+      if (cfg_.world_size != world) {
+        refuse("world_size", "rank " + std::to_string(rank) + ": the communicator has " +
+                                 std::to_string(world) + " ranks, world_size is " +
+                                 std::to_string(cfg_.world_size));
+      }
+    } else if (cfg_.world_size != 1) {
       refuse("world_size", "this trainer runs one rank (parallel::single_rank); world_size is " +
-                               std::to_string(cfg_.world_size));
+                               std::to_string(cfg_.world_size) +
+                               "; several ranks need strata::parallel::data and a communicator");
     }
     if (!accumulates && !adapts && cfg_.gradient_accumulation_steps != 1) {
       refuse("gradient_accumulation_steps",
@@ -760,7 +830,10 @@ class trainer {
     }
     // One rank: its proposal is the decision. A data-parallel policy agrees on the minimum
     // over its ranks first (batch::agree_micro_batch).
-    const std::size_t proposal = controller.propose(step_, peak, budget);
+    std::size_t proposal = controller.propose(step_, peak, budget);
+    if constexpr (distributed) {
+      proposal = batch::agree_micro_batch(*comm_, proposal);
+    }
     controller.apply(step_, proposal, peak, budget);
     adaptive_micro_batch_ = controller.micro_batch();
     log_adaptive(controller, bar);
@@ -771,7 +844,8 @@ class trainer {
   // into the param_store.
   template <class Batch, class Workspace>
   model::loss_result micro_step(const Batch& b, Workspace& work, buffer<float>& grad_logits,
-                                std::size_t classes, float grad_scale) {
+                                std::size_t classes, float grad_scale,
+                                parallel::bucket_reducer* reducer = nullptr) {
     static_assert(std::is_same_v<std::size_t, std::uint64_t>,
                   "trainer: sample ids are passed as dataset indices (size_t == uint64_t)");
     model::param_store& p = compute_params();
@@ -788,6 +862,18 @@ class trainer {
                                                     .labels = b.labels,
                                                     .grad_logits = grad,
                                                     .grad_scale = grad_scale});
+    if (reducer != nullptr) {
+      // The buckets start as backward completes them; the reducer rounds each through the
+      // compute type as it starts.
+      reducer->begin(p.grads());
+      if constexpr (requires { model_.backward(work, p, grad, [](std::size_t) {}); }) {
+        model_.backward(work, p, grad,
+                        [reducer](std::size_t layer) { reducer->group_done(layer); });
+      } else {
+        model_.backward(work, p, grad);
+      }
+      return loss;
+    }
     model_.backward(work, p, grad);
     if constexpr (mixed) {
       // The gradients are stored in the compute type: accumulation over micro-steps rounds
@@ -835,7 +921,10 @@ class trainer {
       std::copy(from.begin(), from.end(), to.begin());
       // One rank here; a data-parallel policy reduces `finite` with a max over every rank that
       // holds parameters before this decision, so that every rank skips together.
-      const bool finite = precision::unscale_and_check(to, loss_scale());
+      bool finite = precision::unscale_and_check(to, loss_scale());
+      if constexpr (distributed) {
+        finite = !precision::any_rank_overflowed(*comm_, !finite);
+      }
       bool apply = finite;
       if constexpr (scaled) {
         apply = scaler_->update(!finite);
@@ -920,15 +1009,24 @@ class trainer {
         {"skipped_steps", skipped_steps_},
         {"adaptive_micro_batch", adaptive_micro_batch_},
         {"precision", std::string(precision_policy::name)},
-        {"layout", {{"world_size", 1}, {"parallel", std::string(parallel_policy::name)}}},
+        {"layout",
+         {{"world_size", world_size()}, {"parallel", std::string(parallel_policy::name)}}},
         {"params_xxh3", xxh3_hex(params_.values())}};
     const std::span<const float> values = params_.values();
     const std::span<const float> state_values = state_.span();
     const checkpoint_blob blobs[] = {
         {.name = "rank-0.params.bin", .bytes = std::as_bytes(values)},
         {.name = "rank-0.optimizer.bin", .bytes = std::as_bytes(state_values)}};
-    const checkpoint_info info = store.save({.epoch = epoch, .step = next_batch}, state, blobs);
-    bar.message("checkpoint " + info.path.string());
+    // Every rank holds the same parameters and optimizer state: rank 0 writes them, and the
+    // others wait until it has (so that a rank never runs ahead of the newest checkpoint).
+    std::string where;
+    if (rank() == 0) {
+      where = store.save({.epoch = epoch, .step = next_batch}, state, blobs).path.string();
+    }
+    if constexpr (distributed) {
+      comm_->barrier();
+    }
+    bar.message("checkpoint " + where);
   }
 
   std::optional<resume_point> resume(checkpoint_store& store, progress& bar) {
@@ -963,6 +1061,7 @@ class trainer {
   Model model_;
   config::train_config cfg_;
   trainer_options options_;
+  std::optional<comm::any_comm> comm_{};  // parallel::data: this rank's communicator
   model::param_store params_;
   optim::any_optimizer optimizer_;
   buffer<float> state_{};

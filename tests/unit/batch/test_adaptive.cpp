@@ -469,3 +469,19 @@ TEST_CASE("cgroup_v2_path finds this process's cgroup v2 directory") {
   CHECK(strata::batch::cgroup_v2_path("12:memory:/docker/abc\n").empty());
   CHECK(strata::batch::cgroup_v2_path("").empty());
 }
+
+TEST_CASE("space_monitor on the host reads the host tracker and its budget") {
+  strata::batch::space_monitor<strata::host> monitor(strata::host{}, std::size_t{64} << 20);
+  static_assert(strata::batch::memory_monitor<strata::batch::space_monitor<strata::host>>);
+  CHECK(monitor.budget() == (std::size_t{64} << 20));
+  {
+    const strata::scoped_budget limit(strata::host{}.memory(), std::size_t{32} << 20);
+    CHECK(monitor.budget() == (std::size_t{32} << 20));
+  }
+  monitor.reset_peak();
+  const std::size_t before = monitor.peak();
+  { strata::buffer<float> block(1 << 20); }
+  CHECK(monitor.peak() >= before + (std::size_t{4} << 20));
+  strata::batch::space_monitor<strata::host> machine;
+  CHECK(machine.budget() > 0);  // 80% of the machine's memory
+}

@@ -1,0 +1,352 @@
+// SPDX-License-Identifier: Apache-2.0
+// How well does data parallelism scale on this machine, against PyTorch? The Fashion-MNIST MLP of
+// example 01 (784-1024-1024-10, ReLU, dropout 0.1, SGD with Nesterov momentum, flips) at a global
+// batch of 256, trained by strata's trainer:
+//   - 1 rank, 1 BLAS thread (the baseline of the scaling efficiency);
+//   - 1 rank, 2 BLAS threads (the single-process way to use both cores);
+//   - 2 ranks as threads (parallel::data<all_reduce> over comm::threads), 1 BLAS thread each;
+//   - 2 ranks as MPI processes (the same over comm::mpi, under mpiexec), when built with MPI;
+// and PyTorch in the same run (bench/parallel/torch_ddp.py, when `import torch` works):
+// DistributedDataParallel with gloo on 2 processes of 1 thread, and one process with 1 and 2
+// threads.
+//
+//   build/bench/bench_data_parallel [--data-dir DIR] [--global 256] [--steps 60] [--warmup 5]
+//                                   [--loader-workers 1] [--bucket-mb 25] [--no-torch]
+//                                   [--no-mpi] [--json FILE]
+//
+// Throughput is global samples per second over the timed steps (the warmup steps, loading and
+// evaluation excluded). Scaling efficiency = rate(2 ranks) / (2 x rate(1 rank, 1 thread)).
+// Formulas: docs/benchmarks.md.
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "../common/args.hpp"
+
+#include "strata/comm/any_comm.hpp"
+#include "strata/comm/threads.hpp"
+#include "strata/data.hpp"
+#include "strata/model/layers.hpp"
+#include "strata/model/sequential.hpp"
+#include "strata/parallel/data.hpp"
+#include "strata/train/trainer.hpp"
+
+#ifdef STRATA_BENCH_MPI
+#include "strata/comm/mpi.hpp"
+#endif
+
+#ifdef STRATA_BLAS_OPENBLAS
+extern "C" void openblas_set_num_threads(int);
+#endif
+
+namespace sc = strata::config;
+namespace sd = strata::data;
+namespace sm = strata::model;
+namespace st = strata::train;
+using clock_type = std::chrono::steady_clock;
+
+namespace {
+
+struct options {
+  std::string data_dir{sd::fashion_mnist_default_dir};
+  std::size_t global = 256;
+  std::size_t steps = 60;
+  std::size_t warmup = 5;
+  bool torch = true;
+  bool mpi = true;
+  bool mpi_worker = false;
+  std::size_t loader_workers = 1;
+  std::size_t bucket_mb = 25;
+  std::string json_path;
+};
+
+options parse(int argc, char** argv) {
+  options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&] { return bench::next_value(argc, argv, i, "bench_data_parallel"); };
+    if (a == "--data-dir") {
+      o.data_dir = value();
+    } else if (a == "--global") {
+      o.global = std::stoul(value());
+    } else if (a == "--steps") {
+      o.steps = std::stoul(value());
+    } else if (a == "--warmup") {
+      o.warmup = std::stoul(value());
+    } else if (a == "--no-torch") {
+      o.torch = false;
+    } else if (a == "--no-mpi") {
+      o.mpi = false;
+    } else if (a == "--loader-workers") {
+      o.loader_workers = std::stoul(value());
+    } else if (a == "--bucket-mb") {
+      o.bucket_mb = std::stoul(value());
+    } else if (a == "--mpi-worker") {
+      o.mpi_worker = true;
+    } else if (a == "--json") {
+      o.json_path = value();
+    } else {
+      std::fprintf(stderr,
+                   "usage: bench_data_parallel [--data-dir DIR] [--global N] [--steps N] "
+                   "[--warmup N] [--loader-workers N] [--bucket-mb N] [--no-torch] [--no-mpi] "
+                   "[--json FILE]\n");
+      std::exit(2);
+    }
+  }
+  if (o.global % 2 != 0 || o.steps == 0 || o.warmup == 0) {
+    std::fprintf(stderr, "bench_data_parallel: --global must be even, --steps and --warmup >= 1\n");
+    std::exit(2);
+  }
+  return o;
+}
+
+auto make_mlp() {
+  return sm::sequential({.channels = 1, .height = 28, .width = 28}, sm::flatten{},
+                        sm::linear{.in = 784, .out = 1024}, sm::relu{}, sm::dropout{.rate = 0.1},
+                        sm::linear{.in = 1024, .out = 1024}, sm::relu{}, sm::dropout{.rate = 0.1},
+                        sm::linear{.in = 1024, .out = 10});
+}
+using model_t = decltype(make_mlp());
+
+auto augmentation() {
+  return sd::compose{sd::horizontal_flip{.probability = 0.5}, sd::fashion_mnist_normalize()};
+}
+
+void set_blas_threads(int n) {
+#ifdef STRATA_BLAS_OPENBLAS
+  openblas_set_num_threads(n);
+#else
+  (void)n;
+#endif
+}
+
+sc::train_config config_for(const options& o, int ranks) {
+  sc::train_config cfg;
+  cfg.data_dir = o.data_dir;
+  cfg.world_size = ranks;
+  cfg.batch_size_per_gpu = static_cast<std::int64_t>(o.global) / ranks;
+  cfg.epochs = 1;
+  cfg.max_train_samples = static_cast<std::int64_t>(o.global * (o.steps + o.warmup));
+  cfg.max_eval_samples = 100;
+  cfg.loader_workers = static_cast<std::int64_t>(o.loader_workers);
+  cfg.bucket_size_mb = static_cast<std::int64_t>(o.bucket_mb);
+  cfg.checkpoint_interval = 0;
+  cfg.checkpoint_dir = "bench_data_parallel_checkpoints";
+  cfg.resume = false;
+  cfg.lr = 0.05;
+  cfg.momentum = 0.9;
+  cfg.nesterov = true;
+  cfg.weight_decay = 5e-4;
+  cfg.warmup_epochs = 0.0;
+  cfg.log_every = 1000000;
+  return cfg;
+}
+
+// Global samples per second over the steps after the warmup, from the step callbacks.
+template <class Trainer>
+double timed_fit(Trainer& t, const options& o, const sd::idx_dataset& train,
+                 const sd::idx_dataset& test) {
+  clock_type::time_point begin{};
+  clock_type::time_point end{};
+  std::size_t samples = 0;
+  t.on_step([&](const st::step_metrics& m) {
+    if (m.step + 1 == o.warmup) {
+      begin = clock_type::now();
+    } else if (m.step >= o.warmup) {
+      samples += m.samples;
+      end = clock_type::now();
+    }
+  });
+  t.fit(train, augmentation(), test, sd::fashion_mnist_normalize());
+  return static_cast<double>(samples) / std::chrono::duration<double>(end - begin).count();
+}
+
+double strata_one_rank(const options& o, int blas_threads, const sd::idx_dataset& train,
+                       const sd::idx_dataset& test) {
+  set_blas_threads(blas_threads);
+  st::trainer<model_t> t(make_mlp(), config_for(o, 1), {.print_progress = false});
+  return timed_fit(t, o, train, test);
+}
+
+double strata_threads(const options& o, int ranks, const sd::idx_dataset& train,
+                      const sd::idx_dataset& test) {
+  set_blas_threads(1);
+  double rate = 0.0;
+  strata::comm::threads::run(ranks, [&](strata::comm::threads& c) {
+    st::trainer<model_t, strata::parallel::data<>> t(
+        make_mlp(), config_for(o, ranks), strata::comm::any_comm(c), {.print_progress = false});
+    const double r = timed_fit(t, o, train, test);
+    if (c.rank() == 0) {
+      rate = r;
+    }
+  });
+  return rate;
+}
+
+#ifdef STRATA_BENCH_MPI
+// One rank of the mpiexec job; rank 0 prints {"samples_per_s": ...}.
+int mpi_worker(const options& o) {
+  strata::comm::mpi_environment environment;
+  auto world = strata::comm::mpi::world();
+  set_blas_threads(1);
+  const sd::idx_dataset train = sd::load_fashion_mnist(o.data_dir, sd::fashion_mnist_split::train);
+  const sd::idx_dataset test = sd::load_fashion_mnist(o.data_dir, sd::fashion_mnist_split::test);
+  auto cfg = config_for(o, world.size());
+  cfg.communication_backend = sc::comm_backend_kind::mpi;
+  st::trainer<model_t, strata::parallel::data<>> t(make_mlp(), cfg, strata::comm::any_comm(world),
+                                                   {.print_progress = false});
+  const double rate = timed_fit(t, o, train, test);
+  if (world.rank() == 0) {
+    std::printf("%s\n", nlohmann::json{{"samples_per_s", rate}}.dump().c_str());
+  }
+  return 0;
+}
+#endif
+
+// The last line of a command's output that parses as a JSON object; nullopt if none.
+std::optional<nlohmann::json> run_json(const std::string& command) {
+  std::unique_ptr<FILE, int (*)(FILE*)> pipe(::popen(command.c_str(), "r"), ::pclose);
+  if (!pipe) {
+    return std::nullopt;
+  }
+  std::string out;
+  char chunk[4096];
+  while (std::fgets(chunk, sizeof chunk, pipe.get()) != nullptr) {
+    out += chunk;
+  }
+  std::optional<nlohmann::json> last;
+  std::size_t start = 0;
+  while (start < out.size()) {
+    std::size_t end = out.find('\n', start);
+    if (end == std::string::npos) {
+      end = out.size();
+    }
+    const std::string line = out.substr(start, end - start);
+    if (!line.empty() && line.front() == '{') {
+      try {
+        last = nlohmann::json::parse(line);
+      } catch (const nlohmann::json::exception&) {
+      }
+    }
+    start = end + 1;
+  }
+  return last;
+}
+
+std::string self_path() {
+  std::error_code ec;
+  const auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  return ec ? std::string("bench_data_parallel") : exe.string();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const options o = parse(argc, argv);
+  try {
+#ifdef STRATA_BENCH_MPI
+    if (o.mpi_worker) {
+      return mpi_worker(o);
+    }
+#endif
+    const sd::idx_dataset train =
+        sd::load_fashion_mnist(o.data_dir, sd::fashion_mnist_split::train);
+    const sd::idx_dataset test = sd::load_fashion_mnist(o.data_dir, sd::fashion_mnist_split::test);
+    struct row {
+      std::string name;
+      double rate = 0.0;
+    };
+    std::vector<row> rows;
+    const double base = strata_one_rank(o, 1, train, test);
+    rows.push_back({"strata 1 rank, 1 thread", base});
+    rows.push_back({"strata 1 rank, 2 BLAS threads", strata_one_rank(o, 2, train, test)});
+    const double two_threads = strata_threads(o, 2, train, test);
+    rows.push_back({"strata 2 ranks (threads backend)", two_threads});
+    std::optional<double> two_mpi;
+#ifdef STRATA_BENCH_MPI
+    if (o.mpi) {
+      const std::string command =
+          "mpiexec -n 2 --allow-run-as-root --oversubscribe --bind-to none " + self_path() +
+          " --mpi-worker --data-dir " + o.data_dir + " --global " + std::to_string(o.global) +
+          " --steps " + std::to_string(o.steps) + " --warmup " + std::to_string(o.warmup) +
+          " --loader-workers " + std::to_string(o.loader_workers) + " --bucket-mb " +
+          std::to_string(o.bucket_mb) + " 2>/dev/null";
+      if (auto j = run_json(command); j && j->contains("samples_per_s")) {
+        two_mpi = j->at("samples_per_s").get<double>();
+        rows.push_back({"strata 2 ranks (MPI backend)", *two_mpi});
+      }
+    }
+#endif
+    double best_torch = 0.0;
+    std::string torch_version;
+    if (o.torch) {
+      const std::string script =
+          (std::filesystem::path(STRATA_SOURCE_DIR) / "bench" / "parallel" / "torch_ddp.py")
+              .string();
+      const std::string python =
+          std::filesystem::exists("/usr/bin/python3") ? "/usr/bin/python3" : "python3";
+      const std::string common = " --batch " + std::to_string(o.global) + " --steps " +
+                                 std::to_string(o.steps) + " --warmup " + std::to_string(o.warmup) +
+                                 " 2>/dev/null";
+      const std::pair<const char*, std::string> runs[] = {
+          {"PyTorch DDP gloo, 2 processes x 1 thread", " --mode ddp --ranks 2"},
+          {"PyTorch 1 process, 1 thread", " --mode single --threads 1"},
+          {"PyTorch 1 process, 2 threads", " --mode single --threads 2"}};
+      for (const auto& [name, args] : runs) {
+        if (auto j = run_json(python + " " + script + args + common);
+            j && j->contains("samples_per_s")) {
+          const double rate = j->at("samples_per_s").get<double>();
+          rows.push_back({name, rate});
+          best_torch = std::max(best_torch, rate);
+          torch_version = j->value("torch", "");
+        }
+      }
+    }
+    std::printf(
+        "# MLP 784-1024-1024-10, global batch %zu, %zu timed steps after %zu; baseline: "
+        "strata 1 rank, 1 thread = %.0f samples/s\n",
+        o.global, o.steps, o.warmup, base);
+    std::printf("%-44s %12s %10s\n", "configuration", "samples/s", "vs_base");
+    nlohmann::json out_rows = nlohmann::json::array();
+    for (const auto& r : rows) {
+      std::printf("%-44s %12.0f %9.2fx\n", r.name.c_str(), r.rate, r.rate / base);
+      out_rows.push_back({{"configuration", r.name}, {"samples_per_s", r.rate}});
+    }
+    const double efficiency = two_threads / (2.0 * base);
+    std::printf("# scaling efficiency, 2 ranks (threads): %.1f%% (goal >= 90%%)\n",
+                100.0 * efficiency);
+    if (two_mpi) {
+      std::printf("# scaling efficiency, 2 ranks (MPI): %.1f%%\n", 100.0 * *two_mpi / (2.0 * base));
+    }
+    if (best_torch > 0.0) {
+      std::printf(
+          "# strata 2 ranks (threads) vs the best PyTorch configuration (torch %s): "
+          "%.2fx (goal >= 1.2x)\n",
+          torch_version.c_str(), two_threads / best_torch);
+    } else if (o.torch) {
+      std::printf(
+          "# PyTorch: python3 cannot import torch (Debian: python3-torch); no comparison\n");
+    }
+    if (!o.json_path.empty()) {
+      std::ofstream(o.json_path) << nlohmann::json{{"global_batch", o.global},
+                                                   {"rows", out_rows},
+                                                   {"efficiency_threads", efficiency}}
+                                        .dump(2)
+                                 << "\n";
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_data_parallel: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,185 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+// parallel::data<all_reduce>: data parallelism. Every rank holds the whole model and trains on
+// its shard of each global batch (the distributed sampler's strided shards: rank r's batch k is
+// its share of one rank's batch k of world_size x batch_size_per_gpu); the gradients are
+// averaged over the ranks before every optimizer step, so every rank applies the same update and
+// the parameters stay identical.
+//
+//   strata::comm::threads::run(2, [&](strata::comm::threads& comm) {
+//     strata::train::trainer<decltype(model), strata::parallel::data<>> run(
+//         model, cfg, strata::comm::any_comm(comm));   // cfg.world_size = 2
+//     run.fit(train, augment, test, test_transform);
+//   });
+//
+// Buckets overlap the all-reduce with backward. The flat gradient buffer is cut into buckets of
+// at most bucket_size_mb MiB along the parameter groups (a group larger than that is a bucket
+// of its own), in the order backward produces them: the last layer's group first. During the
+// step's last backward (with accumulation, the earlier micro-steps do not communicate at all),
+// the model reports each layer as done; once every group of a bucket is done, that bucket's
+// non-blocking average all-reduce starts, while the layers in front of it are still going back.
+// The trainer waits for all of them only before the optimizer step. A model without the
+// per-layer report gets one all-reduce per bucket after its backward.
+//
+// The other gradient synchronisations (parameter server, hierarchical), compression and sharded
+// optimizer state are further policies of this family (docs/parallel.md).
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "strata/comm/any_comm.hpp"
+#include "strata/comm/types.hpp"
+#include "strata/core/dtype.hpp"
+#include "strata/core/policy.hpp"
+#include "strata/core/round.hpp"
+#include "strata/model/param_store.hpp"
+
+namespace strata::parallel {
+
+// Gradient synchronisation of parallel::data: average by (bucketed, overlapped) all-reduce.
+struct all_reduce {
+  static constexpr std::string_view name = "all_reduce";
+};
+
+template <class Sync = all_reduce>
+struct data {
+  static_assert(std::is_same_v<Sync, all_reduce>,
+                "parallel::data<Sync>: this version synchronises by parallel::all_reduce");
+  using policy_category = parallel_policy_tag;
+  using sync_type = Sync;
+  static constexpr std::string_view name = "data<all_reduce>";
+};
+
+template <class P>
+inline constexpr bool is_data_parallel = false;
+template <class Sync>
+inline constexpr bool is_data_parallel<data<Sync>> = true;
+
+// A contiguous range of the flat gradient buffer: parameter groups [first_group, last_group].
+struct grad_bucket {
+  std::size_t offset = 0;  // floats
+  std::size_t size = 0;    // floats
+  std::size_t first_group = 0;
+  std::size_t last_group = 0;
+
+  friend bool operator==(const grad_bucket&, const grad_bucket&) = default;
+};
+
+// The buckets of a param_store in backward order (from the last group down), each at most
+// `bucket_bytes` unless one group alone is larger. A bucket's first_group is its lowest group
+// with parameters, so groups without any never hold a bucket back. Buckets cover every float of
+// the store exactly once (the padding after a group goes with it).
+inline std::vector<grad_bucket> make_buckets(const model::param_store& params,
+                                             std::size_t bucket_bytes) {
+  std::vector<grad_bucket> buckets;
+  const auto& groups = params.groups();
+  const std::size_t limit = std::max<std::size_t>(bucket_bytes / sizeof(float), 1);
+  std::size_t end = params.size();  // the open bucket is [begin of its lowest group, end)
+  std::size_t open_first = 0;
+  std::size_t open_last = 0;
+  bool open = false;
+  std::size_t next_begin = params.size();  // where the group above the current one begins
+  for (std::size_t g = groups.size(); g-- > 0;) {
+    if (groups[g].elements == 0) {
+      continue;
+    }
+    const std::size_t begin = groups[g].offset;
+    if (open && end - begin > limit) {
+      buckets.push_back({.offset = next_begin,
+                         .size = end - next_begin,
+                         .first_group = open_first,
+                         .last_group = open_last});
+      end = next_begin;
+      open = false;
+    }
+    if (!open) {
+      open_last = g;
+      open = true;
+    }
+    open_first = g;
+    next_begin = begin;
+  }
+  if (open) {
+    buckets.push_back(
+        {.offset = 0, .size = end, .first_group = open_first, .last_group = open_last});
+  }
+  return buckets;
+}
+
+// Runs one step's gradient all-reduce bucket by bucket as backward completes the groups.
+//
+//   reducer.begin(grads);            // before the step's last backward
+//   ... reducer.group_done(i) ...    // from the model, groups in decreasing order
+//   reducer.finish();                // before the optimizer: launches the rest, waits for all
+class bucket_reducer {
+ public:
+  bucket_reducer() = default;
+  // storage: the type the gradients are kept in (mixed precision): each bucket is rounded
+  // through it as it starts, since the rounding of the whole buffer after backward would race
+  // with the buckets already in flight.
+  bucket_reducer(comm::any_comm comm, std::vector<grad_bucket> buckets,
+                 dtype storage = dtype::float32)
+      : comm_(comm), buckets_(std::move(buckets)), storage_(storage) {}
+
+  const std::vector<grad_bucket>& buckets() const noexcept { return buckets_; }
+
+  void begin(std::span<float> grads) {
+    grads_ = grads;
+    next_ = 0;
+    lowest_done_ = SIZE_MAX;
+    requests_.clear();
+    launched_.clear();
+  }
+
+  // Every group >= `group` is complete: start each bucket that is now whole.
+  void group_done(std::size_t group) {
+    lowest_done_ = std::min(lowest_done_, group);
+    while (next_ < buckets_.size() && buckets_[next_].first_group >= lowest_done_) {
+      launch(next_++);
+    }
+  }
+
+  // Starts the buckets not started yet and waits for all; returns the seconds spent waiting.
+  double finish() {
+    while (next_ < buckets_.size()) {
+      launch(next_++);
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    for (auto& r : requests_) {
+      r.wait();
+    }
+    requests_.clear();
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+
+  // The buckets in the order the last step started them (tests check the backward order).
+  const std::vector<std::size_t>& launch_order() const noexcept { return launched_; }
+
+ private:
+  void launch(std::size_t b) {
+    const grad_bucket& bucket = buckets_[b];
+    float* data = grads_.data() + bucket.offset;
+    round_through(std::span<float>(data, bucket.size), storage_);
+    requests_.push_back(
+        comm_->all_reduce_async(data, data, bucket.size, dtype::float32, comm::reduce_op::avg));
+    launched_.push_back(b);
+  }
+
+  std::optional<comm::any_comm> comm_{};
+  std::vector<grad_bucket> buckets_{};
+  dtype storage_ = dtype::float32;
+  std::span<float> grads_{};
+  std::size_t next_ = 0;
+  std::size_t lowest_done_ = SIZE_MAX;
+  std::vector<comm::any_comm::request> requests_{};
+  std::vector<std::size_t> launched_{};
+};
+
+}  // namespace strata::parallel

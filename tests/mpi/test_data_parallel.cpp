@@ -1,0 +1,119 @@
+// SPDX-License-Identifier: Apache-2.0
+// parallel::data over Open MPI: N processes with B/N samples each train like one process with B
+// (computed in every process as the reference), every rank ends with the same parameters, and
+// checkpoints written by rank 0 resume on every rank.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "strata/comm/any_comm.hpp"
+#include "strata/comm/mpi.hpp"
+#include "strata/data/transforms.hpp"
+#include "strata/model/layers.hpp"
+#include "strata/model/sequential.hpp"
+#include "strata/parallel/data.hpp"
+#include "strata/train/trainer.hpp"
+
+namespace fs = std::filesystem;
+namespace sd = strata::data;
+namespace sm = strata::model;
+namespace st = strata::train;
+using strata::comm::mpi;
+
+namespace {
+
+struct blobs {
+  using dataset_category = sd::dataset_tag;
+  std::size_t n = 512;
+  std::uint64_t salt = 0;
+  std::size_t size() const { return n; }
+  strata::sample_shape shape() const { return {.channels = 1, .height = 1, .width = 8}; }
+  std::int32_t read(std::size_t i, std::span<float> out) const {
+    const auto label = static_cast<std::int32_t>(i % 4);
+    strata::rng_stream rng = strata::rng_stream::for_sample(99 + salt, 0, i);
+    for (std::size_t e = 0; e < 8; ++e) {
+      const float centre = (e % 4 == static_cast<std::size_t>(label)) ? 2.0f : 0.0f;
+      out[e] = centre + 0.7f * rng.normal_float();
+    }
+    return label;
+  }
+};
+
+auto small_model() {
+  return sm::sequential(strata::sample_shape{.channels = 1, .height = 1, .width = 8},
+                        sm::linear{.in = 8, .out = 32}, sm::relu{}, sm::dropout{.rate = 0.1},
+                        sm::linear{.in = 32, .out = 4});
+}
+using model_t = decltype(small_model());
+
+strata::config::train_config base_config(const std::string& name, int rank) {
+  // A directory per process for the reference, one shared by the job for the parallel run.
+  const fs::path dir = fs::path(STRATA_TEST_WORK_DIR) / "mpi_data_parallel" / name;
+  if (rank == 0) {
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+  }
+  strata::config::train_config cfg;
+  cfg.epochs = 2;
+  cfg.lr = 0.05;
+  cfg.loader_workers = 1;
+  cfg.checkpoint_dir = (dir / "ckpt").string();
+  cfg.checkpoint_interval = 1;
+  cfg.warmup_epochs = 0.5;
+  return cfg;
+}
+
+}  // namespace
+
+TEST_CASE("N processes with B/N samples each train like one process with B") {
+  auto comm = mpi::world();
+  const int ranks = comm.size();
+  const int rank = comm.rank();
+  REQUIRE(64 % ranks == 0);
+
+  // The reference, in every process: one rank, batch 64.
+  auto one_cfg = base_config("reference-" + std::to_string(rank), 0);
+  one_cfg.batch_size_per_gpu = 64;
+  std::vector<double> one_losses;
+  st::trainer<model_t> one(small_model(), one_cfg, {.print_progress = false});
+  one.on_step([&](const st::step_metrics& m) { one_losses.push_back(m.loss); });
+  one.fit(blobs{}, sd::identity{}, blobs{.n = 256, .salt = 1}, sd::identity{});
+
+  auto cfg = base_config("parallel", rank);
+  comm.barrier();  // rank 0 made the directory
+  cfg.world_size = ranks;
+  cfg.communication_backend = strata::config::comm_backend_kind::mpi;
+  cfg.batch_size_per_gpu = 64 / ranks;
+  std::vector<double> losses;
+  st::trainer<model_t, strata::parallel::data<>> t(small_model(), cfg, strata::comm::any_comm(comm),
+                                                   {.print_progress = false});
+  t.on_step([&](const st::step_metrics& m) { losses.push_back(m.loss); });
+  const st::fit_summary s =
+      t.fit(blobs{}, sd::identity{}, blobs{.n = 256, .salt = 1}, sd::identity{});
+  REQUIRE(losses.size() == one_losses.size());
+  for (std::size_t i = 0; i < losses.size(); ++i) {
+    CHECK(losses[i] == doctest::Approx(one_losses[i]).epsilon(1e-5));
+  }
+  double worst = 0.0;
+  for (std::size_t i = 0; i < t.params().size(); ++i) {
+    worst = std::max(
+        worst, static_cast<double>(std::abs(t.params().values()[i] - one.params().values()[i])));
+  }
+  CHECK(worst < 1e-4);
+  // Every rank holds rank 0's parameters, bit for bit.
+  std::vector<float> root(t.params().values().begin(), t.params().values().end());
+  comm.broadcast(root.data(), root.size(), strata::dtype::float32, 0);
+  CHECK(std::equal(root.begin(), root.end(), t.params().values().begin()));
+
+  // A second job of the same configuration resumes from rank 0's final checkpoint on every rank.
+  st::trainer<model_t, strata::parallel::data<>> again(
+      small_model(), cfg, strata::comm::any_comm(comm), {.print_progress = false});
+  const st::fit_summary r =
+      again.fit(blobs{}, sd::identity{}, blobs{.n = 256, .salt = 1}, sd::identity{});
+  CHECK_FALSE(r.resumed_from.empty());
+  CHECK(r.params_xxh3 == s.params_xxh3);
+}

@@ -1,0 +1,250 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "strata/parallel/data.hpp"
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <limits>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "strata/batch/accumulate.hpp"
+#include "strata/comm/threads.hpp"
+#include "strata/data/transforms.hpp"
+#include "strata/model/layers.hpp"
+#include "strata/model/sequential.hpp"
+#include "strata/precision/mixed.hpp"
+#include "strata/train/trainer.hpp"
+
+namespace fs = std::filesystem;
+namespace sd = strata::data;
+namespace sm = strata::model;
+namespace sp = strata::precision;
+namespace st = strata::train;
+namespace par = strata::parallel;
+using strata::comm::threads;
+
+namespace {
+
+struct blobs {
+  using dataset_category = sd::dataset_tag;
+  std::size_t n = 512;
+  std::uint64_t salt = 0;
+  std::size_t size() const { return n; }
+  strata::sample_shape shape() const { return {.channels = 1, .height = 1, .width = 8}; }
+  std::int32_t read(std::size_t i, std::span<float> out) const {
+    const auto label = static_cast<std::int32_t>(i % 4);
+    strata::rng_stream rng = strata::rng_stream::for_sample(99 + salt, 0, i);
+    for (std::size_t e = 0; e < 8; ++e) {
+      const float centre = (e % 4 == static_cast<std::size_t>(label)) ? 2.0f : 0.0f;
+      out[e] = centre + 0.7f * rng.normal_float();
+    }
+    return label;
+  }
+};
+
+auto small_model() {
+  return sm::sequential(strata::sample_shape{.channels = 1, .height = 1, .width = 8},
+                        sm::linear{.in = 8, .out = 32}, sm::relu{}, sm::dropout{.rate = 0.1},
+                        sm::linear{.in = 32, .out = 32}, sm::relu{},
+                        sm::linear{.in = 32, .out = 4});
+}
+using model_t = decltype(small_model());
+
+strata::config::train_config base_config(const std::string& name) {
+  const fs::path dir = fs::path(STRATA_TEST_WORK_DIR) / "data_parallel" / name;
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  strata::config::train_config cfg;
+  cfg.epochs = 2;
+  cfg.batch_size_per_gpu = 64;
+  cfg.lr = 0.05;
+  cfg.loader_workers = 1;
+  cfg.checkpoint_dir = (dir / "ckpt").string();
+  cfg.checkpoint_interval = 1;
+  cfg.warmup_epochs = 0.5;
+  cfg.bucket_size_mb = 1;
+  return cfg;
+}
+
+struct run_record {
+  std::vector<st::step_metrics> steps;
+  st::fit_summary summary;
+  std::vector<float> params;
+};
+
+template <class Trainer>
+run_record record(Trainer& t) {
+  run_record r;
+  t.on_step([&](const st::step_metrics& m) { r.steps.push_back(m); });
+  r.summary = t.fit(blobs{}, sd::identity{}, blobs{.n = 256, .salt = 1}, sd::identity{});
+  r.params.assign(t.params().values().begin(), t.params().values().end());
+  return r;
+}
+
+void check_same_training(const run_record& a, const run_record& b, double param_tolerance) {
+  REQUIRE(a.steps.size() == b.steps.size());
+  for (std::size_t i = 0; i < a.steps.size(); ++i) {
+    INFO("step ", i);
+    CHECK(a.steps[i].samples == b.steps[i].samples);
+    CHECK(a.steps[i].loss == doctest::Approx(b.steps[i].loss).epsilon(1e-5));
+  }
+  REQUIRE(a.params.size() == b.params.size());
+  double worst = 0.0;
+  for (std::size_t i = 0; i < a.params.size(); ++i) {
+    worst = std::max(worst, static_cast<double>(std::abs(a.params[i] - b.params[i])));
+  }
+  CHECK(worst < param_tolerance);
+}
+
+// Runs `ranks` data-parallel ranks; returns rank 0's record and checks that every rank ended
+// with the same parameters, bit for bit.
+template <class... Policies, class Setup = std::nullptr_t>
+run_record run_ranks(int ranks, const strata::config::train_config& cfg, Setup setup = nullptr) {
+  std::vector<run_record> records(static_cast<std::size_t>(ranks));
+  threads::run(ranks, [&](threads& c) {
+    st::trainer<model_t, par::data<>, Policies...> t(small_model(), cfg, strata::comm::any_comm(c),
+                                                     {.print_progress = false});
+    if constexpr (!std::is_same_v<Setup, std::nullptr_t>) {
+      setup(t);
+    }
+    records[static_cast<std::size_t>(c.rank())] = record(t);
+  });
+  for (int r = 1; r < ranks; ++r) {
+    INFO("rank ", r);
+    CHECK(records[static_cast<std::size_t>(r)].params == records[0].params);
+    CHECK(records[static_cast<std::size_t>(r)].summary.params_xxh3 ==
+          records[0].summary.params_xxh3);
+  }
+  return records[0];
+}
+
+}  // namespace
+
+TEST_CASE("buckets cover the gradients in backward order within the size limit") {
+  const auto model = small_model();
+  const auto params = model.make_params();
+  // Groups: 0 = 8x32+32 = 288 floats, 3 = 32x32+32 = 1056, 5 = 32x4+4 = 132 (padded offsets).
+  const auto one = par::make_buckets(params, std::size_t{1} << 20);
+  REQUIRE(one.size() == 1);
+  CHECK(one[0].offset == 0);
+  CHECK(one[0].size == params.size());
+  // 1100 floats per bucket: group 5 (132), then group 3 (1056) would not fit with it, then
+  // group 0 (288) would not fit with group 3.
+  const auto several = par::make_buckets(params, 1100 * sizeof(float));
+  REQUIRE(several.size() == 3);
+  std::size_t covered = 0;
+  std::size_t end = params.size();
+  for (const auto& b : several) {
+    CHECK(b.offset + b.size == end);  // contiguous, from the end down
+    end = b.offset;
+    covered += b.size;
+  }
+  CHECK(end == 0);
+  CHECK(covered == params.size());
+  CHECK(several[0].first_group > several[1].first_group);
+  CHECK(several[1].first_group > several[2].first_group);
+  CHECK(several[2].first_group == 0);
+}
+
+TEST_CASE("a bucket starts as soon as backward completes its groups") {
+  const auto model = small_model();
+  threads::run(2, [&](threads& c) {
+    auto params = model.make_params();
+    params.initialize(5);
+    auto work = model.make_workspace(4);
+    std::vector<float> input(4 * 8, 0.5f);
+    model.forward(work, params, input, 4, {.training = false});
+    std::vector<float> grad_out(4 * 4, 0.1f * static_cast<float>(c.rank() + 1));
+    par::bucket_reducer reducer(strata::comm::any_comm(c),
+                                par::make_buckets(params, 1100 * sizeof(float)));
+    reducer.begin(params.grads());
+    std::vector<std::size_t> launched_when;  // buckets started after each layer
+    model.backward(work, params, grad_out, [&](std::size_t layer) {
+      reducer.group_done(layer);
+      launched_when.push_back(reducer.launch_order().size());
+    });
+    reducer.finish();
+    // Layers go back 5, 4, ..., 0: the first bucket (group 5) starts right after layer 5, the
+    // second (group 3) after layer 3, the last (group 0) after layer 0.
+    CHECK(launched_when == std::vector<std::size_t>{1, 1, 2, 2, 2, 3});
+    CHECK(reducer.launch_order() == std::vector<std::size_t>{0, 1, 2});
+  });
+}
+
+TEST_CASE("N ranks with B/N samples each train like one rank with B") {
+  auto one_cfg = base_config("one-rank");
+  one_cfg.batch_size_per_gpu = 64;
+  run_record one;
+  {
+    st::trainer<model_t> t(small_model(), one_cfg, {.print_progress = false});
+    one = record(t);
+  }
+  for (const int ranks : {2, 4}) {
+    INFO(ranks, " ranks");
+    auto cfg = base_config("ranks-" + std::to_string(ranks));
+    cfg.world_size = ranks;
+    cfg.batch_size_per_gpu = 64 / ranks;
+    const run_record many = run_ranks(ranks, cfg);
+    check_same_training(many, one, 1e-4);
+    CHECK(many.summary.test_accuracy == doctest::Approx(one.summary.test_accuracy).epsilon(0.02));
+  }
+}
+
+TEST_CASE("accumulation on several ranks communicates once per step and matches one rank") {
+  auto one_cfg = base_config("accumulate-one");
+  one_cfg.batch_size_per_gpu = 64;
+  run_record one;
+  {
+    st::trainer<model_t> t(small_model(), one_cfg, {.print_progress = false});
+    one = record(t);
+  }
+  auto cfg = base_config("accumulate-two");
+  cfg.world_size = 2;
+  cfg.batch_size_per_gpu = 16;
+  cfg.gradient_accumulation_steps = 2;  // 2 ranks x 2 micro-batches x 16 = 64
+  const run_record two = run_ranks<strata::batch::accumulate>(2, cfg);
+  check_same_training(two, one, 1e-4);
+}
+
+TEST_CASE("an overflow on one rank skips the step on every rank") {
+  auto cfg = base_config("overflow");
+  cfg.world_size = 2;
+  cfg.batch_size_per_gpu = 32;
+  cfg.mixed_precision_dtype = strata::config::precision_dtype::float16;
+  std::mutex m;
+  std::vector<std::uint64_t> skipped_counts;
+  const run_record r = run_ranks<sp::fp16>(2, cfg, [&](auto& t) {
+    if (t.rank() == 1) {
+      t.on_gradients([](std::uint64_t step, std::span<float> grads) {
+        if (step == 3) {
+          grads[0] = std::numeric_limits<float>::infinity();
+        }
+      });
+    }
+    t.on_epoch([&](const st::epoch_metrics& e) {
+      if (e.epoch == 1) {
+        const std::lock_guard lock(m);
+        skipped_counts.push_back(t.skipped_steps());
+      }
+    });
+  });
+  CHECK(skipped_counts == std::vector<std::uint64_t>{1, 1});
+  REQUIRE(r.steps.size() > 3);
+  CHECK(r.steps[3].skipped);
+  CHECK(r.steps[4].loss_scale == 32768.0);
+}
+
+TEST_CASE("a communicator of another size than world_size is refused on every rank") {
+  auto cfg = base_config("mismatch");
+  cfg.world_size = 3;
+  threads::run(2, [&](threads& c) {
+    CHECK_THROWS_WITH_AS(
+        (st::trainer<model_t, par::data<>>(small_model(), cfg, strata::comm::any_comm(c),
+                                           {.print_progress = false})),
+        doctest::Contains("the communicator has 2 ranks, world_size is 3"), strata::config_error);
+  });
+}
