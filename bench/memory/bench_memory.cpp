@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -102,7 +103,7 @@ sc::train_config base_config(const std::string& data_dir) {
   cfg.loader_workers = 1;
   cfg.resume = false;
   cfg.checkpoint_interval = 0;
-  cfg.checkpoint_dir = "bench_memory_checkpoints";
+  cfg.checkpoint_dir = (std::filesystem::temp_directory_path() / "strata_bench_memory").string();
   cfg.epochs = 1;
   cfg.lr = 0.05;
   cfg.momentum = 0.9;

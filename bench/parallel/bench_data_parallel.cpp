@@ -141,7 +141,8 @@ sc::train_config config_for(const options& o, int ranks) {
   cfg.loader_workers = static_cast<std::int64_t>(o.loader_workers);
   cfg.bucket_size_mb = static_cast<std::int64_t>(o.bucket_mb);
   cfg.checkpoint_interval = 0;
-  cfg.checkpoint_dir = "bench_data_parallel_checkpoints";
+  cfg.checkpoint_dir =
+      (std::filesystem::temp_directory_path() / "strata_bench_data_parallel").string();
   cfg.resume = false;
   cfg.lr = 0.05;
   cfg.momentum = 0.9;
