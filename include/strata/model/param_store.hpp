@@ -47,6 +47,9 @@ struct param_group {
 
 struct param_store_config {
   std::size_t alignment = 64;  // bytes; each group starts on this boundary
+  // The buffers hold a multiple of this many floats (zeros at the end): sharding over n ranks
+  // asks for n x 16, so that every rank's shard is as long and starts on 64 bytes.
+  std::size_t size_multiple = 1;
 
   friend bool operator==(const param_store_config&, const param_store_config&) = default;
 };
@@ -80,7 +83,10 @@ class param_store {
       }
       groups_.push_back(group);
     }
-    total_ = offset;
+    if (config_.size_multiple == 0) {
+      throw std::invalid_argument("param_store: size_multiple must be at least 1");
+    }
+    total_ = (offset + config_.size_multiple - 1) / config_.size_multiple * config_.size_multiple;
     values_ = buffer<float>(total_, {.alignment = config_.alignment, .zero_fill = true});
     grads_ = buffer<float>(total_, {.alignment = config_.alignment, .zero_fill = true});
   }

@@ -28,6 +28,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <optional>
 #include <span>
 #include <string>
@@ -48,19 +49,87 @@ struct all_reduce {
   static constexpr std::string_view name = "all_reduce";
 };
 
-template <class Sync = all_reduce>
+// Gradient compressors: what goes over the wire.
+namespace compress {
+
+// The float32 gradients as they are.
+struct none {
+  static constexpr std::string_view name = "none";
+};
+
+// Each bucket travels and is summed as T (float16 or bfloat16; the backends accumulate 16-bit
+// floats in float and round once), half the bytes; the average comes back into the float32
+// gradients. float16 overflows above 65504: with precision::fp32 gradients that large are rare,
+// and an overflow shows as inf, which a mixed-precision policy's check catches.
+template <class T>
+struct cast {
+  static_assert(std::is_same_v<T, float16> || std::is_same_v<T, bfloat16>,
+                "parallel::compress::cast<T>: T must be strata::float16 or strata::bfloat16");
+  using wire_type = T;
+  static constexpr std::string_view name = std::is_same_v<T, float16>
+                                               ? std::string_view("cast<float16>")
+                                               : std::string_view("cast<bfloat16>");
+};
+
+// Top-k sparsification with error feedback: not written yet (docs/parallel.md). Its output is a
+// set of (index, value) pairs per rank, which a summing all-reduce cannot add up.
+struct topk {
+  static constexpr std::string_view name = "topk";
+};
+
+template <class C>
+inline constexpr bool is_cast = false;
+template <class T>
+inline constexpr bool is_cast<cast<T>> = true;
+
+}  // namespace compress
+
+template <class Sync = all_reduce, class Compressor = compress::none>
 struct data {
   static_assert(std::is_same_v<Sync, all_reduce>,
                 "parallel::data<Sync>: this version synchronises by parallel::all_reduce");
+  static_assert(!std::is_same_v<Compressor, compress::topk>,
+                "parallel::data<all_reduce, compress::topk>: top-k output is not summable (each "
+                "rank sends different indices), so a summing all-reduce cannot carry it; it needs "
+                "an all-gather or a parameter server");
+  static_assert(std::is_same_v<Compressor, compress::none> || compress::is_cast<Compressor>,
+                "parallel::data<Sync, Compressor>: Compressor must be compress::none or "
+                "compress::cast<float16 | bfloat16>");
   using policy_category = parallel_policy_tag;
   using sync_type = Sync;
-  static constexpr std::string_view name = "data<all_reduce>";
+  using compressor_type = Compressor;
+  static constexpr std::string_view name =
+      std::is_same_v<Compressor, compress::none> ? std::string_view("data<all_reduce>")
+      : std::is_same_v<Compressor, compress::cast<float16>>
+          ? std::string_view("data<all_reduce, cast<float16>>")
+          : std::string_view("data<all_reduce, cast<bfloat16>>");
+};
+
+// parallel::zero1: data parallelism with the optimizer state sharded over the ranks (ZeRO stage
+// 1). The flat parameter and gradient buffers are padded to n equal shards; after the step's
+// backward, a reduce-scatter leaves each rank the average gradient of its shard only; each rank
+// updates its shard's parameters with its shard of the optimizer state (1/n of it per rank);
+// an all-gather gives every rank the whole updated parameters. Same numbers as data<all_reduce>
+// (the update is elementwise), 1/n of the optimizer memory per rank; the reduce-scatter runs after
+// backward, not overlapped with it. Checkpoints hold every rank's shard (rank-R.optimizer.bin).
+struct zero1 {
+  using policy_category = parallel_policy_tag;
+  using compressor_type = compress::none;
+  static constexpr std::string_view name = "zero1";
 };
 
 template <class P>
 inline constexpr bool is_data_parallel = false;
-template <class Sync>
-inline constexpr bool is_data_parallel<data<Sync>> = true;
+template <>
+inline constexpr bool is_data_parallel<zero1> = true;
+template <class Sync, class Compressor>
+inline constexpr bool is_data_parallel<data<Sync, Compressor>> = true;
+
+// The wire type of a data-parallel policy's compressor (float32 without one).
+template <class P>
+inline constexpr dtype wire_dtype = dtype::float32;
+template <class Sync, class T>
+inline constexpr dtype wire_dtype<data<Sync, compress::cast<T>>> = dtype_of<T>;
 
 // A contiguous range of the flat gradient buffer: parameter groups [first_group, last_group].
 struct grad_bucket {
@@ -124,9 +193,20 @@ class bucket_reducer {
   // storage: the type the gradients are kept in (mixed precision): each bucket is rounded
   // through it as it starts, since the rounding of the whole buffer after backward would race
   // with the buckets already in flight.
+  // wire: the type the buckets travel in (float32, or float16 / bfloat16 for compress::cast).
   bucket_reducer(comm::any_comm comm, std::vector<grad_bucket> buckets,
-                 dtype storage = dtype::float32)
-      : comm_(comm), buckets_(std::move(buckets)), storage_(storage) {}
+                 dtype storage = dtype::float32, dtype wire = dtype::float32)
+      : comm_(comm), buckets_(std::move(buckets)), storage_(storage), wire_(wire) {
+    if (wire_ == dtype::float16 || wire_ == dtype::bfloat16) {
+      std::size_t total = 0;
+      for (const grad_bucket& b : buckets_) {
+        total += b.size;
+      }
+      staging_.resize(total);
+    }
+  }
+
+  dtype wire() const noexcept { return wire_; }
 
   const std::vector<grad_bucket>& buckets() const noexcept { return buckets_; }
 
@@ -156,6 +236,18 @@ class bucket_reducer {
       r.wait();
     }
     requests_.clear();
+    if (!staging_.empty()) {
+      // The averages come back from the wire type into the float32 gradients.
+      for (const std::size_t b : launched_) {
+        const grad_bucket& bucket = buckets_[b];
+        const std::uint16_t* from = staging_.data() + staging_offset(b);
+        float* to = grads_.data() + bucket.offset;
+        for (std::size_t i = 0; i < bucket.size; ++i) {
+          to[i] = wire_ == dtype::float16 ? static_cast<float>(float16::from_bits(from[i]))
+                                          : static_cast<float>(bfloat16::from_bits(from[i]));
+        }
+      }
+    }
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
 
@@ -167,14 +259,34 @@ class bucket_reducer {
     const grad_bucket& bucket = buckets_[b];
     float* data = grads_.data() + bucket.offset;
     round_through(std::span<float>(data, bucket.size), storage_);
-    requests_.push_back(
-        comm_->all_reduce_async(data, data, bucket.size, dtype::float32, comm::reduce_op::avg));
+    if (staging_.empty()) {
+      requests_.push_back(
+          comm_->all_reduce_async(data, data, bucket.size, dtype::float32, comm::reduce_op::avg));
+    } else {
+      std::uint16_t* wire = staging_.data() + staging_offset(b);
+      for (std::size_t i = 0; i < bucket.size; ++i) {
+        wire[i] = wire_ == dtype::float16 ? float16(data[i]).bits() : bfloat16(data[i]).bits();
+      }
+      requests_.push_back(
+          comm_->all_reduce_async(wire, wire, bucket.size, wire_, comm::reduce_op::avg));
+    }
     launched_.push_back(b);
+  }
+
+  // Where bucket b's wire copy starts in staging_ (buckets in order, packed).
+  std::size_t staging_offset(std::size_t b) const noexcept {
+    std::size_t offset = 0;
+    for (std::size_t i = 0; i < b; ++i) {
+      offset += buckets_[i].size;
+    }
+    return offset;
   }
 
   std::optional<comm::any_comm> comm_{};
   std::vector<grad_bucket> buckets_{};
   dtype storage_ = dtype::float32;
+  dtype wire_ = dtype::float32;
+  std::vector<std::uint16_t> staging_{};  // compress::cast: the buckets in the wire type
   std::span<float> grads_{};
   std::size_t next_ = 0;
   std::size_t lowest_done_ = SIZE_MAX;

@@ -44,6 +44,9 @@ struct estimate_options {
   std::size_t optimizer_state_per_parameter = 0;  // SGD: 0 (no momentum) or 1; AdamW: 2
   std::size_t checkpoint_every = 0;               // activation checkpointing segments
   memory_layout layout = memory_layout::host;
+  // Ranks the optimizer state is sharded over (parallel::zero1); the parameters are then padded
+  // to a multiple of shards x 16 floats.
+  std::size_t shards = 1;
 
   friend bool operator==(const estimate_options&, const estimate_options&) = default;
 };
@@ -112,6 +115,10 @@ memory_estimate estimate_memory(const Model& model, std::size_t batch,
   } else {
     count = model.make_params().size();
   }
+  const std::size_t shards = options.shards == 0 ? 1 : options.shards;
+  if (shards > 1) {
+    count = (count + shards * 16 - 1) / (shards * 16) * (shards * 16);
+  }
   const bool device = options.layout == memory_layout::device;
   const std::size_t compute_size = traits::is_mixed && device ? 2 : 4;
   const std::size_t floats = count * sizeof(float);
@@ -124,7 +131,7 @@ memory_estimate estimate_memory(const Model& model, std::size_t batch,
     e.gradients += allocated_bytes(floats);
     e.master_weights = allocated_bytes(floats);
   }
-  e.optimizer_state = allocated_bytes(floats * options.optimizer_state_per_parameter);
+  e.optimizer_state = allocated_bytes(floats / shards * options.optimizer_state_per_parameter);
   std::size_t workspace = 0;
   if constexpr (requires { model.workspace_floats(batch, model::workspace_config{}); }) {
     workspace = model.workspace_floats(

@@ -173,8 +173,14 @@ class trainer {
                     parallel::is_data_parallel<parallel_policy>,
                 "trainer: this version runs the parallel policies 'parallel::single_rank' and "
                 "'parallel::data<all_reduce>' only");
-  static constexpr bool distributed = parallel::is_data_parallel<parallel_policy>;
   struct construct_tag {};
+
+ public:
+  // Whether this trainer is one rank of a data-parallel job (its constructor takes a
+  // communicator).
+  static constexpr bool distributed = parallel::is_data_parallel<parallel_policy>;
+  // parallel::zero1: the optimizer state is sharded over the ranks.
+  static constexpr bool sharded = std::is_same_v<parallel_policy, parallel::zero1>;
 
  public:
   using model_type = Model;
@@ -197,7 +203,7 @@ class trainer {
         cfg_(std::move(cfg)),
         options_(options),
         comm_(comm),
-        params_(model_.make_params()),
+        params_(make_store(model_, comm ? comm->size() : 1)),
         optimizer_(checked_optimizer(cfg_, comm ? comm->size() : 1, comm ? comm->rank() : 0)) {
     if (model_.output_shape().channels != 1 || model_.output_shape().height != 1) {
       throw std::invalid_argument("trainer: the model's output " +
@@ -205,10 +211,10 @@ class trainer {
                                   " is not a vector of class scores (1x1xclasses)");
     }
     params_.initialize(static_cast<std::uint64_t>(cfg_.seed));
-    state_ = buffer<float>(params_.size() * optimizer_.state_per_parameter(),
+    state_ = buffer<float>(shard_size() * optimizer_.state_per_parameter(),
                            {.alignment = 64, .zero_fill = true});
     if constexpr (mixed) {
-      compute_ = model_.make_params();
+      compute_ = make_store(model_, world_size());
     }
     if constexpr (scaled) {
       scaler_.emplace(scaler_config(cfg_));
@@ -328,7 +334,7 @@ class trainer {
           *comm_,
           parallel::make_buckets(compute_params(), static_cast<std::size_t>(cfg_.bucket_size_mb)
                                                        << 20),
-          compute_dtype);
+          compute_dtype, parallel::wire_dtype<parallel_policy>);
     }
     auto work = adapts ? typename Model::workspace_type{}
                        : training_workspace(static_cast<std::size_t>(cfg_.batch_size_per_gpu));
@@ -369,7 +375,7 @@ class trainer {
             // Only the step's last micro-batch communicates, overlapped with its backward.
             const bool last = m + 1 == micro;
             part = micro_step(*b, work, grad_logits, classes, grad_scale,
-                              distributed && last ? &reducer : nullptr);
+                              distributed && !sharded && last ? &reducer : nullptr);
           }
           loss.loss_sum += part.loss_sum;
           loss.correct += part.correct;
@@ -379,12 +385,22 @@ class trainer {
         std::size_t global_samples = step_samples;
         if constexpr (distributed) {
           const auto comm_begin = clock::now();
-          if constexpr (adapts) {
-            // The adaptive step may re-run micro-batches after an allocation failure, so its
-            // gradients go out only once all of them are done.
-            reducer.begin(compute_params().grads());
+          if constexpr (sharded) {
+            // Each rank gets the average gradient of its shard only.
+            float* grads = compute_params().grads().data();
+            if constexpr (mixed) {
+              round_through(compute_params().grads(), compute_dtype);
+            }
+            comm_->reduce_scatter(grads, grads + shard_begin(), shard_size(), dtype::float32,
+                                  comm::reduce_op::avg);
+          } else {
+            if constexpr (adapts) {
+              // The adaptive step may re-run micro-batches after an allocation failure, so its
+              // gradients go out only once all of them are done.
+              reducer.begin(compute_params().grads());
+            }
+            reducer.finish();
           }
-          reducer.finish();
           if constexpr (mixed) {
             round_through(compute_params().grads(), compute_dtype);  // the average, stored in T
           }
@@ -728,6 +744,49 @@ class trainer {
         }
       }
     }
+    // Gradient synchronisation and compression must be the parallel policy's.
+    {
+      std::string sync = "all_reduce";
+      std::string compression = "none";
+      if constexpr (distributed) {
+        if constexpr (parallel::wire_dtype<parallel_policy> == dtype::float16) {
+          compression = "float16";
+        } else if constexpr (parallel::wire_dtype<parallel_policy> == dtype::bfloat16) {
+          compression = "bfloat16";
+        }
+      }
+      const auto& sync_names = config::enum_names<config::gradient_sync_kind>::names;
+      const auto& compression_names = config::enum_names<config::compression_kind>::names;
+      const std::string wanted_sync(sync_names[static_cast<std::size_t>(cfg_.gradient_sync)]);
+      const std::string wanted_compression(
+          compression_names[static_cast<std::size_t>(cfg_.gradient_compression)]);
+      if (wanted_sync != sync) {
+        refuse("gradient_sync", "gradient_sync = " + wanted_sync +
+                                    ", but the trainer's parallel "
+                                    "policy is " +
+                                    std::string(parallel_policy::name) +
+                                    " (this version synchronises by all_reduce)");
+      }
+      if (wanted_compression != compression) {
+        refuse("gradient_compression",
+               "gradient_compression = " + wanted_compression +
+                   ", but the trainer's parallel policy is " + std::string(parallel_policy::name) +
+                   (distributed ? "; give it parallel::data<parallel::all_reduce, "
+                                  "parallel::compress::cast<float16 | bfloat16>> to match"
+                                : "; compression needs several ranks (parallel::data)"));
+      }
+      if (cfg_.topk_ratio != d.topk_ratio) {
+        refuse("topk_ratio",
+               "topk_ratio configures top-k compression, which this version does "
+               "not run");
+      }
+      if (!distributed && cfg_.bucket_size_mb != d.bucket_size_mb) {
+        refuse("bucket_size_mb",
+               "bucket_size_mb configures parallel::data; the trainer's "
+               "parallel policy is " +
+                   std::string(parallel_policy::name));
+      }
+    }
     if (cfg_.adaptive_batch != adapts) {
       refuse("adaptive_batch",
              adapts ? std::string("the trainer's batch policy is batch::adaptive; set "
@@ -916,8 +975,10 @@ class trainer {
       f(step_, compute_params().grads());
     }
     if constexpr (mixed) {
-      const std::span<const float> from = std::as_const(compute_).grads();
-      const std::span<float> to = params_.grads();
+      // With sharded state only this rank's shard of the gradients is reduced and used.
+      const std::span<const float> from =
+          std::as_const(compute_).grads().subspan(shard_begin(), shard_size());
+      const std::span<float> to = params_.grads().subspan(shard_begin(), shard_size());
       std::copy(from.begin(), from.end(), to.begin());
       // One rank here; a data-parallel policy reduces `finite` with a max over every rank that
       // holds parameters before this decision, so that every rank skips together.
@@ -961,21 +1022,56 @@ class trainer {
             .max_consecutive_skips = static_cast<std::uint32_t>(c.loss_scale_max_skips)};
   }
 
-  // One optimizer update per parameter tensor at rate lr.
+  // One optimizer update per parameter tensor at rate lr. Sharded: per piece of a tensor inside
+  // this rank's shard, with the shard's state (laid out by offset within the shard), then an
+  // all-gather of every rank's updated shard.
   void apply_update(double lr) {
     optimizer_.begin_step();
     const std::size_t per = optimizer_.state_per_parameter();
     const std::span<float> values = params_.values();
     const std::span<const float> grads = std::as_const(params_).grads();
     const std::span<float> state = state_.span();
+    const std::size_t first = shard_begin();
+    const std::size_t last = first + shard_size();
     for (const model::param_entry& e : params_.entries()) {
-      const std::size_t n = e.spec.elements();
-      optimizer_.update({.params = values.subspan(e.offset, n),
-                         .grads = grads.subspan(e.offset, n),
-                         .state = state.subspan(e.offset * per, n * per),
+      const std::size_t lo = std::max(e.offset, first);
+      const std::size_t hi = std::min(e.offset + e.spec.elements(), last);
+      if (lo >= hi) {
+        continue;
+      }
+      const std::size_t n = hi - lo;
+      optimizer_.update({.params = values.subspan(lo, n),
+                         .grads = grads.subspan(lo, n),
+                         .state = state.subspan((lo - first) * per, n * per),
                          .lr = lr,
                          .weight_decay = e.spec.weight_decay});
     }
+    if constexpr (sharded) {
+      comm_->all_gather(values.data() + first, values.data(), shard_size(), dtype::float32);
+    }
+  }
+
+  // The parameter store, padded to equal shards when the optimizer state is sharded.
+  static model::param_store make_store(const Model& m, int world) {
+    if constexpr (sharded) {
+      static_assert(
+          requires { m.make_params(model::param_store_config{}); },
+          "parallel::zero1: the model's make_params must take a param_store_config "
+          "(sequential's does), to pad the parameters to equal shards");
+      return m.make_params(
+          model::param_store_config{.size_multiple = static_cast<std::size_t>(world) * 16});
+    } else {
+      (void)world;
+      return m.make_params();
+    }
+  }
+
+  // This rank's shard of the flat parameters: all of them unless sharded.
+  std::size_t shard_size() const noexcept {
+    return sharded ? params_.size() / static_cast<std::size_t>(world_size()) : params_.size();
+  }
+  std::size_t shard_begin() const noexcept {
+    return sharded ? static_cast<std::size_t>(rank()) * shard_size() : 0;
   }
 
   nlohmann::json scaler_json() const {
@@ -1013,10 +1109,18 @@ class trainer {
          {{"world_size", world_size()}, {"parallel", std::string(parallel_policy::name)}}},
         {"params_xxh3", xxh3_hex(params_.values())}};
     const std::span<const float> values = params_.values();
-    const std::span<const float> state_values = state_.span();
+    std::span<const float> state_values = state_.span();
+    buffer<float> all_shards;
+    if constexpr (sharded) {
+      // Rank 0 writes every rank's shard of the optimizer state, in rank order.
+      all_shards = buffer<float>(state_.size() * static_cast<std::size_t>(world_size()));
+      comm_->all_gather(state_.data(), all_shards.data(), state_.size(), dtype::float32);
+      state_values = all_shards.span();
+    }
     const checkpoint_blob blobs[] = {
         {.name = "rank-0.params.bin", .bytes = std::as_bytes(values)},
-        {.name = "rank-0.optimizer.bin", .bytes = std::as_bytes(state_values)}};
+        {.name = sharded ? "optimizer.shards.bin" : "rank-0.optimizer.bin",
+         .bytes = std::as_bytes(state_values)}};
     // Every rank holds the same parameters and optimizer state: rank 0 writes them, and the
     // others wait until it has (so that a rank never runs ahead of the newest checkpoint).
     std::string where;
@@ -1041,7 +1145,17 @@ class trainer {
     check_config_hash(*loaded, config_hash(cfg_));
     const nlohmann::json& s = loaded->state;
     loaded->copy_blob("rank-0.params.bin", params_.values());
-    loaded->copy_blob("rank-0.optimizer.bin", state_.span());
+    if constexpr (sharded) {
+      buffer<float> all_shards(state_.size() * static_cast<std::size_t>(world_size()));
+      loaded->copy_blob("optimizer.shards.bin", all_shards.span());
+      const std::span<const float> mine =
+          std::as_const(all_shards)
+              .span()
+              .subspan(static_cast<std::size_t>(rank()) * state_.size(), state_.size());
+      std::copy(mine.begin(), mine.end(), state_.span().begin());
+    } else {
+      loaded->copy_blob("rank-0.optimizer.bin", state_.span());
+    }
     step_ = s.at("step").get<std::uint64_t>();
     optimizer_.set_step_count(s.at("optimizer").at("step_count").get<std::uint64_t>());
     if constexpr (scaled) {

@@ -12,6 +12,8 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "strata/batch/accumulate.hpp"
@@ -182,6 +184,7 @@ TEST_CASE("a bucket starts as soon as backward completes its groups") {
 TEST_CASE("N ranks with B/N samples each train like one rank with B") {
   auto one_cfg = base_config("one-rank");
   one_cfg.batch_size_per_gpu = 64;
+  one_cfg.bucket_size_mb = strata::config::train_config{}.bucket_size_mb;  // one rank: no buckets
   run_record one;
   {
     st::trainer<model_t> t(small_model(), one_cfg, {.print_progress = false});
@@ -201,6 +204,7 @@ TEST_CASE("N ranks with B/N samples each train like one rank with B") {
 TEST_CASE("accumulation on several ranks communicates once per step and matches one rank") {
   auto one_cfg = base_config("accumulate-one");
   one_cfg.batch_size_per_gpu = 64;
+  one_cfg.bucket_size_mb = strata::config::train_config{}.bucket_size_mb;  // one rank: no buckets
   run_record one;
   {
     st::trainer<model_t> t(small_model(), one_cfg, {.print_progress = false});
@@ -329,4 +333,159 @@ TEST_CASE("buckets overlap the all-reduce with backward: a step takes less than 
           " ms: ", 100.0 * (1.0 - (overlapped - compute) / comm), "% of the all-reduce hidden");
   CHECK(serial > compute + 0.8 * comm);
   CHECK(overlapped < compute + 0.5 * comm);
+}
+
+TEST_CASE("compress::cast sends half the bytes and trains like float32 gradients") {
+  // Rank 0's bytes on the wire, through an emulated link without delay, and the final
+  // parameters, for a policy.
+  auto run_with = [](auto policy_tag, strata::config::compression_kind kind,
+                     const std::string& name) {
+    using policy = typename decltype(policy_tag)::type;
+    auto cfg = base_config(name);
+    cfg.world_size = 2;
+    cfg.batch_size_per_gpu = 32;
+    cfg.gradient_compression = kind;
+    std::uint64_t bytes = 0;
+    std::vector<float> params;
+    double accuracy = 0.0;
+    threads::run(2, [&](threads& c) {
+      strata::comm::emulated link(std::move(c), strata::comm::network_link::none());
+      st::trainer<model_t, policy> t(small_model(), cfg, strata::comm::any_comm(link),
+                                     {.print_progress = false});
+      const auto s = t.fit(blobs{}, sd::identity{}, blobs{.n = 256, .salt = 1}, sd::identity{});
+      if (link.rank() == 0) {
+        bytes = link.bytes_sent();
+        params.assign(t.params().values().begin(), t.params().values().end());
+        accuracy = s.test_accuracy;
+      }
+    });
+    return std::tuple{bytes, params, accuracy};
+  };
+  using dense_t = par::data<>;
+  using half_t = par::data<par::all_reduce, par::compress::cast<strata::float16>>;
+  using bf_t = par::data<par::all_reduce, par::compress::cast<strata::bfloat16>>;
+  const auto [dense_bytes, dense_params, dense_acc] =
+      run_with(std::type_identity<dense_t>{}, strata::config::compression_kind::none, "dense");
+  const auto [half_bytes, half_params, half_acc] =
+      run_with(std::type_identity<half_t>{}, strata::config::compression_kind::float16, "fp16");
+  const auto [bf_bytes, bf_params, bf_acc] =
+      run_with(std::type_identity<bf_t>{}, strata::config::compression_kind::bfloat16, "bf16");
+  MESSAGE("bytes on the wire: dense ", dense_bytes, ", float16 ", half_bytes, ", bfloat16 ",
+          bf_bytes);
+  // The gradients are half; the initial broadcast and the per-step metrics stay float.
+  CHECK(static_cast<double>(half_bytes) < 0.6 * static_cast<double>(dense_bytes));
+  CHECK(bf_bytes == half_bytes);
+  double worst = 0.0;
+  for (std::size_t i = 0; i < dense_params.size(); ++i) {
+    worst = std::max(worst, static_cast<double>(std::abs(half_params[i] - dense_params[i])));
+  }
+  CHECK(worst > 0.0);   // the rounding is real
+  CHECK(worst < 5e-3);  // and small
+  CHECK(half_acc == doctest::Approx(dense_acc).epsilon(0.02));
+  CHECK(bf_acc == doctest::Approx(dense_acc).epsilon(0.03));
+}
+
+TEST_CASE("gradient_sync and gradient_compression must be the parallel policy's") {
+  auto cfg = base_config("sync-keys");
+  cfg.world_size = 2;
+  cfg.gradient_compression = strata::config::compression_kind::float16;
+  threads::run(2, [&](threads& c) {
+    CHECK_THROWS_WITH_AS(
+        (st::trainer<model_t, par::data<>>(small_model(), cfg, strata::comm::any_comm(c),
+                                           {.print_progress = false})),
+        doctest::Contains("gradient_compression = float16"), strata::config_error);
+  });
+  cfg.gradient_compression = strata::config::compression_kind::none;
+  cfg.gradient_sync = strata::config::gradient_sync_kind::hierarchical;
+  threads::run(2, [&](threads& c) {
+    CHECK_THROWS_WITH_AS(
+        (st::trainer<model_t, par::data<>>(small_model(), cfg, strata::comm::any_comm(c),
+                                           {.print_progress = false})),
+        doctest::Contains("gradient_sync = hierarchical"), strata::config_error);
+  });
+}
+
+namespace {
+
+// Runs `ranks` zero1 ranks; returns rank 0's record and the bytes all ranks' trainers held after
+// construction; checks that every rank ends with the same parameters.
+std::pair<run_record, std::size_t> run_zero1(int ranks, const strata::config::train_config& cfg) {
+  std::vector<run_record> records(static_cast<std::size_t>(ranks));
+  std::size_t held = 0;
+  threads::run(ranks, [&](threads& c) {
+    c.barrier();
+    const std::size_t before = strata::host{}.memory().stats().in_use;
+    c.barrier();
+    st::trainer<model_t, par::zero1> t(small_model(), cfg, strata::comm::any_comm(c),
+                                       {.print_progress = false});
+    c.barrier();
+    if (c.rank() == 0) {
+      held = strata::host{}.memory().stats().in_use - before;
+    }
+    c.barrier();
+    records[static_cast<std::size_t>(c.rank())] = record(t);
+  });
+  for (int r = 1; r < ranks; ++r) {
+    CHECK(records[static_cast<std::size_t>(r)].params == records[0].params);
+  }
+  return {records[0], held};
+}
+
+}  // namespace
+
+TEST_CASE("zero1 shards the optimizer state and trains like data<all_reduce>") {
+  for (const int ranks : {2, 4}) {
+    INFO(ranks, " ranks");
+    auto cfg = base_config("zero1-dense-" + std::to_string(ranks));
+    cfg.world_size = ranks;
+    cfg.batch_size_per_gpu = 64 / ranks;
+    cfg.optimizer = strata::config::optimizer_kind::adamw;
+    cfg.lr = 0.01;
+    const run_record dense = run_ranks(ranks, cfg);
+    auto zcfg = base_config("zero1-" + std::to_string(ranks));
+    zcfg.world_size = ranks;
+    zcfg.batch_size_per_gpu = 64 / ranks;
+    zcfg.optimizer = strata::config::optimizer_kind::adamw;
+    zcfg.lr = 0.01;
+    const auto [sharded, held] = run_zero1(ranks, zcfg);
+    REQUIRE(sharded.steps.size() == dense.steps.size());
+    for (std::size_t i = 0; i < dense.steps.size(); ++i) {
+      CHECK(sharded.steps[i].loss == doctest::Approx(dense.steps[i].loss).epsilon(1e-6));
+    }
+    // The same parameters (the zero1 store has padding at the end).
+    double worst = 0.0;
+    for (std::size_t i = 0; i < dense.params.size(); ++i) {
+      worst = std::max(worst, static_cast<double>(std::abs(sharded.params[i] - dense.params[i])));
+    }
+    CHECK(worst < 1e-6);
+    // Memory: every rank holds all parameters and gradients and 1/n of AdamW's two moments.
+    const auto per_rank = st::estimate_memory(
+        small_model(), 1,
+        {.optimizer_state_per_parameter = 2, .shards = static_cast<std::size_t>(ranks)});
+    const auto unsharded =
+        st::estimate_memory(small_model(), 1, {.optimizer_state_per_parameter = 2});
+    CHECK(held == static_cast<std::size_t>(ranks) * per_rank.model_state());
+    CHECK(per_rank.optimizer_state * static_cast<std::size_t>(ranks) <=
+          unsharded.optimizer_state + static_cast<std::size_t>(ranks) * 64 * 3);
+  }
+}
+
+TEST_CASE("a zero1 run stopped and resumed matches an uninterrupted one") {
+  auto cfg = base_config("zero1-straight");
+  cfg.world_size = 2;
+  cfg.batch_size_per_gpu = 32;
+  cfg.optimizer = strata::config::optimizer_kind::adamw;
+  cfg.lr = 0.01;
+  const run_record straight = run_zero1(2, cfg).first;
+  cfg = base_config("zero1-split");
+  cfg.world_size = 2;
+  cfg.batch_size_per_gpu = 32;
+  cfg.optimizer = strata::config::optimizer_kind::adamw;
+  cfg.lr = 0.01;
+  cfg.max_steps = 11;
+  run_zero1(2, cfg);
+  cfg.max_steps = 0;
+  const run_record resumed = run_zero1(2, cfg).first;
+  CHECK_FALSE(resumed.summary.resumed_from.empty());
+  CHECK(resumed.summary.params_xxh3 == straight.summary.params_xxh3);
 }
