@@ -12,10 +12,12 @@
 
 #include "strata/comm/any_comm.hpp"
 #include "strata/comm/mpi.hpp"
+#include "strata/core/host.hpp"
 #include "strata/data/transforms.hpp"
 #include "strata/model/layers.hpp"
 #include "strata/model/sequential.hpp"
 #include "strata/parallel/data.hpp"
+#include "strata/train/estimate_memory.hpp"
 #include "strata/train/trainer.hpp"
 
 namespace fs = std::filesystem;
@@ -116,4 +118,47 @@ TEST_CASE("N processes with B/N samples each train like one process with B") {
       again.fit(blobs{}, sd::identity{}, blobs{.n = 256, .salt = 1}, sd::identity{});
   CHECK_FALSE(r.resumed_from.empty());
   CHECK(r.params_xxh3 == s.params_xxh3);
+}
+
+TEST_CASE("zero1 over MPI trains like one process and holds 1/N of the optimizer state") {
+  auto comm = mpi::world();
+  const int ranks = comm.size();
+  const int rank = comm.rank();
+  auto one_cfg = base_config("zero1-reference-" + std::to_string(rank), 0);
+  one_cfg.batch_size_per_gpu = 64;
+  one_cfg.optimizer = strata::config::optimizer_kind::adamw;
+  one_cfg.lr = 0.01;
+  std::vector<double> one_losses;
+  st::trainer<model_t> one(small_model(), one_cfg, {.print_progress = false});
+  one.on_step([&](const st::step_metrics& m) { one_losses.push_back(m.loss); });
+  one.fit(blobs{}, sd::identity{}, blobs{.n = 256, .salt = 1}, sd::identity{});
+
+  auto cfg = base_config("zero1", rank);
+  comm.barrier();
+  cfg.world_size = ranks;
+  cfg.communication_backend = strata::config::comm_backend_kind::mpi;
+  cfg.batch_size_per_gpu = 64 / ranks;
+  cfg.optimizer = strata::config::optimizer_kind::adamw;
+  cfg.lr = 0.01;
+  std::vector<double> losses;
+  const std::size_t before = strata::host{}.memory().stats().in_use;
+  st::trainer<model_t, strata::parallel::zero1> t(small_model(), cfg, strata::comm::any_comm(comm),
+                                                  {.print_progress = false});
+  const std::size_t held = strata::host{}.memory().stats().in_use - before;
+  CHECK(held == st::estimate_memory(
+                    small_model(), 1,
+                    {.optimizer_state_per_parameter = 2, .shards = static_cast<std::size_t>(ranks)})
+                    .model_state());
+  t.on_step([&](const st::step_metrics& m) { losses.push_back(m.loss); });
+  t.fit(blobs{}, sd::identity{}, blobs{.n = 256, .salt = 1}, sd::identity{});
+  REQUIRE(losses.size() == one_losses.size());
+  for (std::size_t i = 0; i < losses.size(); ++i) {
+    CHECK(losses[i] == doctest::Approx(one_losses[i]).epsilon(1e-5));
+  }
+  double worst = 0.0;
+  for (std::size_t i = 0; i < one.params().size(); ++i) {
+    worst = std::max(
+        worst, static_cast<double>(std::abs(t.params().values()[i] - one.params().values()[i])));
+  }
+  CHECK(worst < 1e-4);
 }
