@@ -16,14 +16,16 @@
 // contiguous ranges that check sizes like collectives.hpp does. Calls go through one virtual call
 // to the backend's member of the same name; arguments, results and errors are the backend's.
 // any_comm is a reference: copies refer to the same communicator, and the communicator is used
-// from one thread, as always. split is left out on purpose: its result would have to be owned by
-// someone; split the backend itself and wrap the result.
+// from one thread, as always. split(color, key) is the exception: the backend's sub-communicator
+// it makes is owned by the returned handle (and its copies), so that any_comm is itself a
+// comm_backend and the algorithms of algorithms.hpp (make_hierarchy, ...) run over it.
 //
 // any_comm::request holds the backend's request_type by value (one heap allocation per
 // non-blocking call). Like every comm request, a default-constructed request is complete: test()
 // is true and wait() returns at once. test() / wait() rethrow the operation's error, once (the
 // backend's request reports it once); after completion the held request is released.
 
+#include <concepts>
 #include <cstddef>
 #include <memory>
 #include <ranges>
@@ -96,13 +98,19 @@ class any_comm {
     std::unique_ptr<holder_base> held_{};
   };
   using request_type = request;
+  using policy_category = comm_backend_tag;
 
   // Refers to `c`, which must outlive this handle and every copy of it.
-  template <comm_backend C>
-  explicit any_comm(C& c) noexcept : self_(&c), ops_(&model<C>::instance) {}
+  template <class C>
+  requires(!std::same_as<std::remove_cv_t<C>, any_comm>) &&
+      comm_backend<C> explicit any_comm(C& c) noexcept : self_(&c),
+  ops_(&model<C>::instance) {}
 
   any_comm(const any_comm&) noexcept = default;
   any_comm& operator=(const any_comm&) noexcept = default;
+
+  // Collective: a handle on the backend's split(color, key), owning that sub-communicator.
+  any_comm split(int color, int key) { return ops_->split(self_, color, key); }
 
   int rank() const noexcept { return ops_->rank(self_); }
   int size() const noexcept { return ops_->size(self_); }
@@ -249,6 +257,7 @@ class any_comm {
     virtual void all_to_all(void* c, const void* s, void* r, std::size_t n, dtype t) const = 0;
     virtual request all_to_all_async(void* c, const void* s, void* r, std::size_t n,
                                      dtype t) const = 0;
+    virtual any_comm split(void* c, int color, int key) const = 0;
     virtual void barrier(void* c) const = 0;
     virtual request barrier_async(void* c) const = 0;
     virtual void send(void* c, const void* b, std::size_t n, dtype t, int peer, int tag) const = 0;
@@ -317,6 +326,12 @@ class any_comm {
                              dtype t) const override {
       return request(self(c).all_to_all_async(s, r, n, t));
     }
+    any_comm split(void* c, int color, int key) const override {
+      auto owned = std::make_shared<C>(self(c).split(color, key));
+      any_comm out(*owned);
+      out.owner_ = std::move(owned);
+      return out;
+    }
     void barrier(void* c) const override { self(c).barrier(); }
     request barrier_async(void* c) const override { return request(self(c).barrier_async()); }
     void send(void* c, const void* b, std::size_t n, dtype t, int peer, int tag) const override {
@@ -336,6 +351,7 @@ class any_comm {
 
   void* self_;
   const interface* ops_;
+  std::shared_ptr<void> owner_{};  // split results: keeps the sub-communicator alive
 };
 
 template <class C>

@@ -162,6 +162,7 @@ struct train_config {
   std::int64_t bucket_size_mb = 25;
   compression_kind gradient_compression = compression_kind::none;
   double topk_ratio = 0.01;
+  std::int64_t hierarchy_group_size = 0;  // gradient_sync = hierarchical; 0 = automatic
 
   // Memory and batch adaptation.
   std::int64_t activation_checkpoint_every = 0;  // segments of k layers recomputed; 0 = off
@@ -312,6 +313,9 @@ constexpr void visit_keys(Visitor&& v) {
                                "Gradient compression before communication."});
   v(real_key{"topk_ratio", &c::topk_ratio, 0.0, 1.0, true,
              "Share of gradient entries top-k compression sends."});
+  v(int_key{"hierarchy_group_size", &c::hierarchy_group_size, 0, 1 << 16,
+            "Ranks per local group of the hierarchical all-reduce; 0 = the largest divisor of "
+            "world_size not above its square root."});
   // Memory and batch adaptation.
   v(int_key{"activation_checkpoint_every", &c::activation_checkpoint_every, 0, 1 << 20,
             "Activation checkpointing: keep one output per k layers, recompute the rest in "

@@ -49,6 +49,14 @@ struct all_reduce {
   static constexpr std::string_view name = "all_reduce";
 };
 
+// Gradient synchronisation of parallel::data: average by the hierarchical all-reduce of
+// comm/algorithms.hpp over groups of hierarchy_group_size consecutive ranks (reduce-scatter inside
+// the group, all-reduce of each share across the groups, all-gather inside), once the step's
+// backward is done (not overlapped). Pays off when the links between groups are the slow ones.
+struct hierarchical {
+  static constexpr std::string_view name = "hierarchical";
+};
+
 // Gradient compressors: what goes over the wire.
 namespace compress {
 
@@ -86,8 +94,12 @@ inline constexpr bool is_cast<cast<T>> = true;
 
 template <class Sync = all_reduce, class Compressor = compress::none>
 struct data {
-  static_assert(std::is_same_v<Sync, all_reduce>,
-                "parallel::data<Sync>: this version synchronises by parallel::all_reduce");
+  static_assert(std::is_same_v<Sync, all_reduce> || std::is_same_v<Sync, hierarchical>,
+                "parallel::data<Sync>: this version synchronises by parallel::all_reduce or "
+                "parallel::hierarchical");
+  static_assert(std::is_same_v<Sync, all_reduce> || std::is_same_v<Compressor, compress::none>,
+                "parallel::data<hierarchical, Compressor>: the hierarchical all-reduce runs "
+                "uncompressed in this version");
   static_assert(!std::is_same_v<Compressor, compress::topk>,
                 "parallel::data<all_reduce, compress::topk>: top-k output is not summable (each "
                 "rank sends different indices), so a summing all-reduce cannot carry it; it needs "
@@ -99,7 +111,8 @@ struct data {
   using sync_type = Sync;
   using compressor_type = Compressor;
   static constexpr std::string_view name =
-      std::is_same_v<Compressor, compress::none> ? std::string_view("data<all_reduce>")
+      std::is_same_v<Sync, hierarchical>           ? std::string_view("data<hierarchical>")
+      : std::is_same_v<Compressor, compress::none> ? std::string_view("data<all_reduce>")
       : std::is_same_v<Compressor, compress::cast<float16>>
           ? std::string_view("data<all_reduce, cast<float16>>")
           : std::string_view("data<all_reduce, cast<bfloat16>>");
@@ -124,6 +137,12 @@ template <>
 inline constexpr bool is_data_parallel<zero1> = true;
 template <class Sync, class Compressor>
 inline constexpr bool is_data_parallel<data<Sync, Compressor>> = true;
+
+// Whether a parallel policy synchronises by the hierarchical all-reduce.
+template <class P>
+inline constexpr bool is_hierarchical = false;
+template <class Compressor>
+inline constexpr bool is_hierarchical<data<hierarchical, Compressor>> = true;
 
 // The wire type of a data-parallel policy's compressor (float32 without one).
 template <class P>

@@ -43,6 +43,7 @@
 #include "strata/batch/accumulate.hpp"
 #include "strata/batch/adaptive.hpp"
 #include "strata/batch/fixed.hpp"
+#include "strata/comm/algorithms.hpp"
 #include "strata/comm/any_comm.hpp"
 #include "strata/config/train_config.hpp"
 #include "strata/config/validate.hpp"
@@ -181,6 +182,8 @@ class trainer {
   static constexpr bool distributed = parallel::is_data_parallel<parallel_policy>;
   // parallel::zero1: the optimizer state is sharded over the ranks.
   static constexpr bool sharded = std::is_same_v<parallel_policy, parallel::zero1>;
+  // parallel::data<hierarchical>: the gradients go through the hierarchical all-reduce.
+  static constexpr bool hierarchical = parallel::is_hierarchical<parallel_policy>;
 
  public:
   using model_type = Model;
@@ -328,6 +331,14 @@ class trainer {
       controller.emplace(make_controller(micro_batch));
       log_adaptive(*controller, bar);
     }
+    std::optional<comm::hierarchy<comm::any_comm>> groups;
+    if constexpr (hierarchical) {
+      // Collective: local groups of hierarchy_group_size consecutive ranks, and the ranks of
+      // equal position across them.
+      const int g = cfg_.hierarchy_group_size > 0 ? static_cast<int>(cfg_.hierarchy_group_size)
+                                                  : comm::detail::default_group_size(comm_->size());
+      groups.emplace(comm::make_hierarchy(*comm_, g));
+    }
     parallel::bucket_reducer reducer;
     if constexpr (distributed) {
       reducer = parallel::bucket_reducer(
@@ -374,8 +385,9 @@ class trainer {
           } else {
             // Only the step's last micro-batch communicates, overlapped with its backward.
             const bool last = m + 1 == micro;
-            part = micro_step(*b, work, grad_logits, classes, grad_scale,
-                              distributed && !sharded && last ? &reducer : nullptr);
+            part =
+                micro_step(*b, work, grad_logits, classes, grad_scale,
+                           distributed && !sharded && !hierarchical && last ? &reducer : nullptr);
           }
           loss.loss_sum += part.loss_sum;
           loss.correct += part.correct;
@@ -385,7 +397,9 @@ class trainer {
         std::size_t global_samples = step_samples;
         if constexpr (distributed) {
           const auto comm_begin = clock::now();
-          if constexpr (sharded) {
+          if constexpr (hierarchical) {
+            comm::hierarchical_all_reduce(*groups, compute_params().grads(), comm::reduce_op::avg);
+          } else if constexpr (sharded) {
             // Each rank gets the average gradient of its shard only.
             float* grads = compute_params().grads().data();
             if constexpr (mixed) {
@@ -746,7 +760,7 @@ class trainer {
     }
     // Gradient synchronisation and compression must be the parallel policy's.
     {
-      std::string sync = "all_reduce";
+      std::string sync = hierarchical ? "hierarchical" : "all_reduce";
       std::string compression = "none";
       if constexpr (distributed) {
         if constexpr (parallel::wire_dtype<parallel_policy> == dtype::float16) {
@@ -765,7 +779,8 @@ class trainer {
                                     ", but the trainer's parallel "
                                     "policy is " +
                                     std::string(parallel_policy::name) +
-                                    " (this version synchronises by all_reduce)");
+                                    " (give it parallel::data<parallel::" + wanted_sync +
+                                    "> to match, where that exists)");
       }
       if (wanted_compression != compression) {
         refuse("gradient_compression",
@@ -779,6 +794,13 @@ class trainer {
         refuse("topk_ratio",
                "topk_ratio configures top-k compression, which this version does "
                "not run");
+      }
+      if (!hierarchical && cfg_.hierarchy_group_size != d.hierarchy_group_size) {
+        refuse("hierarchy_group_size",
+               "hierarchy_group_size configures "
+               "parallel::data<parallel::hierarchical>; the trainer's "
+               "parallel policy is " +
+                   std::string(parallel_policy::name));
       }
       if (!distributed && cfg_.bucket_size_mb != d.bucket_size_mb) {
         refuse("bucket_size_mb",

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <type_traits>
 #include <utility>
@@ -250,4 +251,21 @@ TEST_CASE("any_comm's typed forms check sizes on this rank before anything is se
   });
   CHECK(ok[0] == 1);
   CHECK(ok[1] == 1);
+}
+
+TEST_CASE("any_comm::split owns the sub-communicator and is itself a comm_backend") {
+  static_assert(strata::comm::comm_backend<strata::comm::any_comm>);
+  strata::comm::threads::run(4, [](strata::comm::threads& c) {
+    strata::comm::any_comm world(c);
+    std::optional<strata::comm::any_comm> half;
+    {
+      strata::comm::any_comm temporary = world.split(c.rank() / 2, c.rank());
+      half = temporary;  // the copy keeps the sub-communicator alive
+    }
+    CHECK(half->size() == 2);
+    CHECK(half->rank() == c.rank() % 2);
+    std::vector<int> v{c.rank()};
+    half->all_reduce(v.data(), v.data(), 1, strata::dtype::int32, strata::comm::reduce_op::sum);
+    CHECK(v[0] == (c.rank() / 2 == 0 ? 0 + 1 : 2 + 3));
+  });
 }
