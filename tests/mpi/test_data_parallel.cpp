@@ -20,6 +20,8 @@
 #include "strata/train/estimate_memory.hpp"
 #include "strata/train/trainer.hpp"
 
+#include "unit/common/blobs.hpp"
+
 namespace fs = std::filesystem;
 namespace sd = strata::data;
 namespace sm = strata::model;
@@ -28,27 +30,10 @@ using strata::comm::mpi;
 
 namespace {
 
-struct blobs {
-  using dataset_category = sd::dataset_tag;
-  std::size_t n = 512;
-  std::uint64_t salt = 0;
-  std::size_t size() const { return n; }
-  strata::sample_shape shape() const { return {.channels = 1, .height = 1, .width = 8}; }
-  std::int32_t read(std::size_t i, std::span<float> out) const {
-    const auto label = static_cast<std::int32_t>(i % 4);
-    strata::rng_stream rng = strata::rng_stream::for_sample(99 + salt, 0, i);
-    for (std::size_t e = 0; e < 8; ++e) {
-      const float centre = (e % 4 == static_cast<std::size_t>(label)) ? 2.0f : 0.0f;
-      out[e] = centre + 0.7f * rng.normal_float();
-    }
-    return label;
-  }
-};
+using strata::test::blobs;
 
 auto small_model() {
-  return sm::sequential(strata::sample_shape{.channels = 1, .height = 1, .width = 8},
-                        sm::linear{.in = 8, .out = 32}, sm::relu{}, sm::dropout{.rate = 0.1},
-                        sm::linear{.in = 32, .out = 4});
+  return strata::test::blobs_mlp();
 }
 using model_t = decltype(small_model());
 

@@ -17,6 +17,8 @@
 #include "strata/model/sequential.hpp"
 #include "strata/train/trainer.hpp"
 
+#include "../common/blobs.hpp"
+
 namespace fs = std::filesystem;
 namespace sd = strata::data;
 namespace sm = strata::model;
@@ -24,22 +26,7 @@ namespace st = strata::train;
 
 namespace {
 
-struct blobs {
-  using dataset_category = sd::dataset_tag;
-  std::size_t n = 1024;
-  std::uint64_t salt = 0;
-  std::size_t size() const { return n; }
-  strata::sample_shape shape() const { return {.channels = 1, .height = 1, .width = 8}; }
-  std::int32_t read(std::size_t i, std::span<float> out) const {
-    const auto label = static_cast<std::int32_t>(i % 4);
-    strata::rng_stream rng = strata::rng_stream::for_sample(99 + salt, 0, i);
-    for (std::size_t e = 0; e < 8; ++e) {
-      const float centre = (e % 4 == static_cast<std::size_t>(label)) ? 2.0f : 0.0f;
-      out[e] = centre + 0.7f * rng.normal_float();
-    }
-    return label;
-  }
-};
+using strata::test::blobs;
 
 // Identity that, like a layer with a temporary the estimate does not know of, allocates
 // `floats_per_sample` floats per sample of host memory while it runs forward.
@@ -104,7 +91,7 @@ template <class Trainer>
 run_record record(Trainer& t) {
   run_record r;
   t.on_step([&](const st::step_metrics& m) { r.steps.push_back(m); });
-  r.summary = t.fit(blobs{}, sd::identity{}, blobs{.n = 256, .salt = 1}, sd::identity{});
+  r.summary = t.fit(blobs{.n = 1024}, sd::identity{}, blobs{.n = 256, .salt = 1}, sd::identity{});
   r.params.assign(t.params().values().begin(), t.params().values().end());
   return r;
 }
@@ -198,7 +185,7 @@ TEST_CASE("a step that does not fit at the smallest micro-batch names the budget
   cfg.memory_budget_mb = budget_mb_above_now(std::size_t{1} << 20);
   st::trainer<decltype(wide_model(1 << 20)), strata::batch::adaptive> t(wide_model(1 << 20), cfg,
                                                                         {.print_progress = false});
-  CHECK_THROWS_WITH_AS(t.fit(blobs{}, sd::identity{}, blobs{.n = 64}, sd::identity{}),
+  CHECK_THROWS_WITH_AS(t.fit(blobs{.n = 1024}, sd::identity{}, blobs{.n = 64}, sd::identity{}),
                        doctest::Contains("memory_budget_mb"), strata::memory_error);
 }
 

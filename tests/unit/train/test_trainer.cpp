@@ -17,6 +17,8 @@
 #include "strata/model/layers.hpp"
 #include "strata/model/sequential.hpp"
 
+#include "../common/blobs.hpp"
+
 namespace fs = std::filesystem;
 namespace sd = strata::data;
 namespace sm = strata::model;
@@ -24,28 +26,10 @@ namespace st = strata::train;
 
 namespace {
 
-// Four Gaussian blobs in 8 dimensions, one per class; sample i is fixed by i.
-struct blobs {
-  using dataset_category = sd::dataset_tag;
-  std::size_t n = 512;
-  std::uint64_t salt = 0;
-  std::size_t size() const { return n; }
-  strata::sample_shape shape() const { return {.channels = 1, .height = 1, .width = 8}; }
-  std::int32_t read(std::size_t i, std::span<float> out) const {
-    const auto label = static_cast<std::int32_t>(i % 4);
-    strata::rng_stream rng = strata::rng_stream::for_sample(99 + salt, 0, i);
-    for (std::size_t e = 0; e < 8; ++e) {
-      const float centre = (e % 4 == static_cast<std::size_t>(label)) ? 2.0f : 0.0f;
-      out[e] = centre + 0.7f * rng.normal_float();
-    }
-    return label;
-  }
-};
+using strata::test::blobs;
 
 auto small_model() {
-  return sm::sequential(strata::sample_shape{.channels = 1, .height = 1, .width = 8},
-                        sm::linear{.in = 8, .out = 32}, sm::relu{}, sm::dropout{.rate = 0.1},
-                        sm::linear{.in = 32, .out = 4});
+  return strata::test::blobs_mlp();
 }
 
 fs::path work_dir(const std::string& name) {
