@@ -5,15 +5,23 @@
 // one per class (class c is centred at 2 on dimensions c and c + 4), sample i fixed by (salt, i),
 // and a small MLP with dropout that learns it in a few epochs.
 
+#include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <vector>
+
+#include <doctest/doctest.h>
 
 #include "strata/core/rng.hpp"
 #include "strata/core/shape.hpp"
 #include "strata/data/concepts.hpp"
+#include "strata/data/transforms.hpp"
 #include "strata/model/layers.hpp"
 #include "strata/model/sequential.hpp"
+#include "strata/train/metrics.hpp"
+#include "strata/train/trainer.hpp"
 
 namespace strata::test {
 
@@ -39,6 +47,42 @@ inline auto blobs_mlp() {
   return model::sequential(sample_shape{.channels = 1, .height = 1, .width = 8},
                            model::linear{.in = 8, .out = 32}, model::relu{},
                            model::dropout{.rate = 0.1}, model::linear{.in = 32, .out = 4});
+}
+
+// What one fit() did: every step's metrics, the summary and the final parameters.
+struct run_record {
+  std::vector<train::step_metrics> steps;
+  train::fit_summary summary;
+  std::vector<float> params;
+};
+
+// Trains `t` on `train_samples` blobs (tested on 256 others) and records the run.
+template <class Trainer>
+run_record record(Trainer& t, std::size_t train_samples = 512) {
+  run_record r;
+  t.on_step([&](const train::step_metrics& m) { r.steps.push_back(m); });
+  r.summary = t.fit(blobs{.n = train_samples}, data::identity{}, blobs{.n = 256, .salt = 1},
+                    data::identity{});
+  r.params.assign(t.params().values().begin(), t.params().values().end());
+  return r;
+}
+
+// Two runs trained alike: the same samples per step, losses within 1e-5 (relative), final
+// parameters within `param_tolerance`.
+inline void check_same_training(const run_record& a, const run_record& b,
+                                double param_tolerance = 1e-4) {
+  REQUIRE(a.steps.size() == b.steps.size());
+  for (std::size_t i = 0; i < a.steps.size(); ++i) {
+    INFO("step ", i);
+    CHECK(a.steps[i].samples == b.steps[i].samples);
+    CHECK(a.steps[i].loss == doctest::Approx(b.steps[i].loss).epsilon(1e-5));
+  }
+  REQUIRE(a.params.size() == b.params.size());
+  double worst = 0.0;
+  for (std::size_t i = 0; i < a.params.size(); ++i) {
+    worst = std::max(worst, static_cast<double>(std::abs(a.params[i] - b.params[i])));
+  }
+  CHECK(worst < param_tolerance);
 }
 
 }  // namespace strata::test

@@ -63,35 +63,9 @@ strata::config::train_config base_config(const std::string& name) {
   return cfg;
 }
 
-struct run_record {
-  std::vector<st::step_metrics> steps;
-  st::fit_summary summary;
-  std::vector<float> params;
-};
-
-template <class Trainer>
-run_record record(Trainer& t) {
-  run_record r;
-  t.on_step([&](const st::step_metrics& m) { r.steps.push_back(m); });
-  r.summary = t.fit(blobs{}, sd::identity{}, blobs{.n = 256, .salt = 1}, sd::identity{});
-  r.params.assign(t.params().values().begin(), t.params().values().end());
-  return r;
-}
-
-void check_same_training(const run_record& a, const run_record& b, double param_tolerance) {
-  REQUIRE(a.steps.size() == b.steps.size());
-  for (std::size_t i = 0; i < a.steps.size(); ++i) {
-    INFO("step ", i);
-    CHECK(a.steps[i].samples == b.steps[i].samples);
-    CHECK(a.steps[i].loss == doctest::Approx(b.steps[i].loss).epsilon(1e-5));
-  }
-  REQUIRE(a.params.size() == b.params.size());
-  double worst = 0.0;
-  for (std::size_t i = 0; i < a.params.size(); ++i) {
-    worst = std::max(worst, static_cast<double>(std::abs(a.params[i] - b.params[i])));
-  }
-  CHECK(worst < param_tolerance);
-}
+using strata::test::check_same_training;
+using strata::test::record;
+using strata::test::run_record;
 
 // Runs `ranks` data-parallel ranks; returns rank 0's record and checks that every rank ended
 // with the same parameters, bit for bit.

@@ -81,35 +81,8 @@ std::int64_t budget_mb_above_now(std::size_t extra) {
   return static_cast<std::int64_t>((now + extra + (1u << 20) - 1) >> 20);
 }
 
-struct run_record {
-  std::vector<st::step_metrics> steps;
-  st::fit_summary summary;
-  std::vector<float> params;
-};
-
-template <class Trainer>
-run_record record(Trainer& t) {
-  run_record r;
-  t.on_step([&](const st::step_metrics& m) { r.steps.push_back(m); });
-  r.summary = t.fit(blobs{.n = 1024}, sd::identity{}, blobs{.n = 256, .salt = 1}, sd::identity{});
-  r.params.assign(t.params().values().begin(), t.params().values().end());
-  return r;
-}
-
-void check_same_training(const run_record& a, const run_record& b) {
-  REQUIRE(a.steps.size() == b.steps.size());
-  for (std::size_t i = 0; i < a.steps.size(); ++i) {
-    INFO("step ", i);
-    CHECK(a.steps[i].samples == b.steps[i].samples);
-    CHECK(a.steps[i].loss == doctest::Approx(b.steps[i].loss).epsilon(1e-5));
-  }
-  REQUIRE(a.params.size() == b.params.size());
-  double worst = 0.0;
-  for (std::size_t i = 0; i < a.params.size(); ++i) {
-    worst = std::max(worst, static_cast<double>(std::abs(a.params[i] - b.params[i])));
-  }
-  CHECK(worst < 1e-4);
-}
+using strata::test::check_same_training;
+using strata::test::run_record;
 
 }  // namespace
 
@@ -119,7 +92,7 @@ TEST_CASE("the adaptive micro-batch grows into a real budget and trains like a f
   {
     st::trainer<decltype(wide_model()), strata::batch::accumulate> fixed(wide_model(), cfg,
                                                                          {.print_progress = false});
-    reference = record(fixed);
+    reference = strata::test::record(fixed, 1024);
   }
 
   cfg = adaptive_config("grow");
@@ -131,7 +104,7 @@ TEST_CASE("the adaptive micro-batch grows into a real budget and trains like a f
   const std::size_t budget = static_cast<std::size_t>(cfg.memory_budget_mb) << 20;
   st::trainer<decltype(wide_model()), strata::batch::adaptive> adaptive(wide_model(), cfg,
                                                                         {.print_progress = false});
-  const run_record r = record(adaptive);
+  const run_record r = strata::test::record(adaptive, 1024);
   check_same_training(r, reference);
   REQUIRE(r.steps.size() == 16);
   CHECK(r.steps.front().micro_batch == 4);
@@ -161,7 +134,7 @@ TEST_CASE("an allocation failure inside a step re-runs its samples in smaller mi
   {
     st::trainer<decltype(wide_model(4096)), strata::batch::accumulate> fixed(
         wide_model(4096), cfg, {.print_progress = false});
-    reference = record(fixed);
+    reference = strata::test::record(fixed, 1024);
   }
 
   cfg = adaptive_config("oom");
@@ -170,7 +143,7 @@ TEST_CASE("an allocation failure inside a step re-runs its samples in smaller mi
   cfg.memory_budget_mb = budget_mb_above_now(std::size_t{5} << 20);
   st::trainer<decltype(wide_model(4096)), strata::batch::adaptive> adaptive(
       wide_model(4096), cfg, {.print_progress = false});
-  const run_record r = record(adaptive);
+  const run_record r = strata::test::record(adaptive, 1024);
   check_same_training(r, reference);
   for (const auto& s : r.steps) {
     CHECK(s.samples == 128);
@@ -227,14 +200,14 @@ TEST_CASE("a resumed adaptive run continues from the saved micro-batch") {
   {
     st::trainer<decltype(wide_model()), strata::batch::adaptive> t(wide_model(), cfg,
                                                                    {.print_progress = false});
-    first = record(t);
+    first = strata::test::record(t, 1024);
   }
   REQUIRE(first.steps.size() == 6);
   CHECK(first.steps.back().micro_batch > 4);
   cfg.max_steps = 0;
   st::trainer<decltype(wide_model()), strata::batch::adaptive> t(wide_model(), cfg,
                                                                  {.print_progress = false});
-  const run_record second = record(t);
+  const run_record second = strata::test::record(t, 1024);
   CHECK_FALSE(second.summary.resumed_from.empty());
   REQUIRE_FALSE(second.steps.empty());
   CHECK(second.steps.front().step == 6);
