@@ -4,6 +4,7 @@
 // checkpoints written by rank 0 resume on every rank.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
@@ -146,4 +147,89 @@ TEST_CASE("zero1 over MPI trains like one process and holds 1/N of the optimizer
         worst, static_cast<double>(std::abs(t.params().values()[i] - one.params().values()[i])));
   }
   CHECK(worst < 1e-4);
+}
+
+namespace {
+
+// Trains one process as the reference (batch 64) and the job with `Policy` (64 / N each, `cfg`
+// adjusted by `adjust`); checks the losses and parameters against the reference and that every
+// rank holds rank 0's parameters.
+template <class Policy, class Adjust>
+void check_against_one_process(const std::string& name, Adjust adjust) {
+  auto comm = mpi::world();
+  const int ranks = comm.size();
+  const int rank = comm.rank();
+  auto one_cfg = base_config(name + "-reference-" + std::to_string(rank), 0);
+  one_cfg.batch_size_per_gpu = 64;
+  one_cfg.optimizer = strata::config::optimizer_kind::adamw;
+  one_cfg.lr = 0.01;
+  std::vector<double> one_losses;
+  st::trainer<model_t> one(small_model(), one_cfg, {.print_progress = false});
+  one.on_step([&](const st::step_metrics& m) { one_losses.push_back(m.loss); });
+  one.fit(blobs{}, sd::identity{}, blobs{.n = 256, .salt = 1}, sd::identity{});
+
+  auto cfg = base_config(name, rank);
+  comm.barrier();
+  cfg.world_size = ranks;
+  cfg.communication_backend = strata::config::comm_backend_kind::mpi;
+  cfg.batch_size_per_gpu = 64 / ranks;
+  cfg.optimizer = strata::config::optimizer_kind::adamw;
+  cfg.lr = 0.01;
+  adjust(cfg);
+  std::vector<double> losses;
+  st::trainer<model_t, Policy> t(small_model(), cfg, strata::comm::any_comm(comm),
+                                 {.print_progress = false});
+  t.on_step([&](const st::step_metrics& m) { losses.push_back(m.loss); });
+  const st::fit_summary s =
+      t.fit(blobs{}, sd::identity{}, blobs{.n = 256, .salt = 1}, sd::identity{});
+  REQUIRE(losses.size() == one_losses.size());
+  for (std::size_t i = 0; i < losses.size(); ++i) {
+    CHECK(losses[i] == doctest::Approx(one_losses[i]).epsilon(1e-5));
+  }
+  double worst = 0.0;
+  for (std::size_t i = 0; i < one.params().size(); ++i) {
+    worst = std::max(
+        worst, static_cast<double>(std::abs(t.params().values()[i] - one.params().values()[i])));
+  }
+  CHECK(worst < 1e-4);
+  std::vector<float> root(t.params().values().begin(), t.params().values().end());
+  comm.broadcast(root.data(), root.size(), strata::dtype::float32, 0);
+  CHECK(std::equal(root.begin(), root.end(), t.params().values().begin()));
+
+  // A second job resumes from the final checkpoint (optimizer shards, top-k residuals).
+  st::trainer<model_t, Policy> again(small_model(), cfg, strata::comm::any_comm(comm),
+                                     {.print_progress = false});
+  const st::fit_summary r =
+      again.fit(blobs{}, sd::identity{}, blobs{.n = 256, .salt = 1}, sd::identity{});
+  CHECK_FALSE(r.resumed_from.empty());
+  CHECK(r.params_xxh3 == s.params_xxh3);
+}
+
+}  // namespace
+
+TEST_CASE("the parameter server over MPI trains like one process") {
+  namespace par = strata::parallel;
+  check_against_one_process<par::data<par::parameter_server>>("ps", [](auto& cfg) {
+    cfg.gradient_sync = strata::config::gradient_sync_kind::parameter_server;
+  });
+  check_against_one_process<par::data<par::parameter_server>>("ps-one-server", [](auto& cfg) {
+    cfg.gradient_sync = strata::config::gradient_sync_kind::parameter_server;
+    cfg.parameter_servers = 1;
+  });
+}
+
+TEST_CASE("top-k with ratio 1 over MPI trains like one process, by all-gather and server") {
+  namespace par = strata::parallel;
+  check_against_one_process<par::data<par::all_gather, par::compress::topk>>(
+      "topk-gather", [](auto& cfg) {
+        cfg.gradient_sync = strata::config::gradient_sync_kind::all_gather;
+        cfg.gradient_compression = strata::config::compression_kind::topk;
+        cfg.topk_ratio = 1.0;
+      });
+  check_against_one_process<par::data<par::parameter_server, par::compress::topk>>(
+      "topk-server", [](auto& cfg) {
+        cfg.gradient_sync = strata::config::gradient_sync_kind::parameter_server;
+        cfg.gradient_compression = strata::config::compression_kind::topk;
+        cfg.topk_ratio = 1.0;
+      });
 }

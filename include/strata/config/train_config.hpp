@@ -27,7 +27,7 @@ enum class precision_dtype { float32, float16, bfloat16 };
 enum class lr_schedule_kind { constant, step, cosine };
 enum class optimizer_kind { sgd, adamw };
 enum class pipeline_schedule_kind { gpipe, one_f_one_b, interleaved_1f1b };
-enum class gradient_sync_kind { all_reduce, parameter_server, hierarchical };
+enum class gradient_sync_kind { all_reduce, parameter_server, hierarchical, all_gather };
 enum class compression_kind { none, float16, bfloat16, topk };
 enum class sampler_remainder_kind { pad, drop };
 
@@ -57,8 +57,8 @@ struct enum_names<pipeline_schedule_kind> {
 };
 template <>
 struct enum_names<gradient_sync_kind> {
-  static constexpr std::array<std::string_view, 3> names{"all_reduce", "parameter_server",
-                                                         "hierarchical"};
+  static constexpr std::array<std::string_view, 4> names{"all_reduce", "parameter_server",
+                                                         "hierarchical", "all_gather"};
 };
 template <>
 struct enum_names<compression_kind> {
@@ -163,6 +163,7 @@ struct train_config {
   compression_kind gradient_compression = compression_kind::none;
   double topk_ratio = 0.01;
   std::int64_t hierarchy_group_size = 0;  // gradient_sync = hierarchical; 0 = automatic
+  std::int64_t parameter_servers = 0;     // gradient_sync = parameter_server; 0 = every rank
 
   // Memory and batch adaptation.
   std::int64_t activation_checkpoint_every = 0;  // segments of k layers recomputed; 0 = off
@@ -316,6 +317,9 @@ constexpr void visit_keys(Visitor&& v) {
   v(int_key{"hierarchy_group_size", &c::hierarchy_group_size, 0, 1 << 16,
             "Ranks per local group of the hierarchical all-reduce; 0 = the largest divisor of "
             "world_size not above its square root."});
+  v(int_key{"parameter_servers", &c::parameter_servers, 0, 1 << 16,
+            "Ranks 0 .. parameter_servers - 1 also serve a shard of the parameters and its "
+            "optimizer state (gradient_sync = parameter_server); 0 = every rank."});
   // Memory and batch adaptation.
   v(int_key{"activation_checkpoint_every", &c::activation_checkpoint_every, 0, 1 << 20,
             "Activation checkpointing: keep one output per k layers, recompute the rest in "

@@ -94,11 +94,28 @@ inline void validate(const train_config& cfg, std::string_view source = {}) {
                                          " is larger than lr = " + detail::format_real(cfg.lr));
   }
   if (cfg.gradient_compression == compression_kind::topk &&
-      cfg.gradient_sync == gradient_sync_kind::hierarchical) {
+      cfg.gradient_sync != gradient_sync_kind::all_gather &&
+      cfg.gradient_sync != gradient_sync_kind::parameter_server) {
     throw config_error(at("gradient_compression"),
                        "gradient_compression = topk is not summable and cannot travel through "
-                       "gradient_sync = hierarchical; use all_reduce (sent by all-gather) or "
-                       "parameter_server");
+                       "gradient_sync = " +
+                           std::string(to_string(cfg.gradient_sync)) +
+                           "; use all_gather or parameter_server");
+  }
+  if (cfg.gradient_sync == gradient_sync_kind::all_gather &&
+      cfg.gradient_compression != compression_kind::topk) {
+    throw config_error(at("gradient_sync"),
+                       "gradient_sync = all_gather carries top-k compressed gradients only "
+                       "(gradient_compression = topk); dense gradients are cheaper by "
+                       "all_reduce");
+  }
+  if ((cfg.gradient_compression == compression_kind::float16 ||
+       cfg.gradient_compression == compression_kind::bfloat16) &&
+      cfg.gradient_sync != gradient_sync_kind::all_reduce) {
+    throw config_error(
+        at("gradient_compression"),
+        "gradient_compression = " + std::string(to_string(cfg.gradient_compression)) +
+            " runs with gradient_sync = all_reduce only");
   }
 }
 

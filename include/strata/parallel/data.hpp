@@ -22,8 +22,9 @@
 // The trainer waits for all of them only before the optimizer step. A model without the
 // per-layer report gets one all-reduce per bucket after its backward.
 //
-// The other gradient synchronisations (parameter server, hierarchical), compression and sharded
-// optimizer state are further policies of this family (docs/parallel.md).
+// The other gradient synchronisations (hierarchical all-reduce, all-gather of top-k pairs,
+// parameter server), compression and sharded optimizer state are further policies of this family
+// (docs/parallel.md).
 
 #include <algorithm>
 #include <chrono>
@@ -57,6 +58,22 @@ struct hierarchical {
   static constexpr std::string_view name = "hierarchical";
 };
 
+// Gradient synchronisation of parallel::data with compress::topk: every rank's selected
+// (index, value) pairs are all-gathered and added up in rank order on every rank
+// (parallel/topk.hpp), once the step's backward is done.
+struct all_gather {
+  static constexpr std::string_view name = "all_gather";
+};
+
+// Gradient synchronisation of parallel::data: a synchronous parameter server over send / recv
+// (parallel/parameter_server.hpp). Ranks 0 .. parameter_servers - 1 (config; 0 = every rank)
+// each hold a shard of the parameters' optimizer state; every rank pushes its gradient shards to
+// their servers, the servers average and update, every rank pulls the updated shards. Same
+// numbers as all_reduce; the optimizer state is spread over the servers as in zero1.
+struct parameter_server {
+  static constexpr std::string_view name = "parameter_server";
+};
+
 // Gradient compressors: what goes over the wire.
 namespace compress {
 
@@ -79,8 +96,11 @@ struct cast {
                                                : std::string_view("cast<bfloat16>");
 };
 
-// Top-k sparsification with error feedback: not written yet (docs/parallel.md). Its output is a
-// set of (index, value) pairs per rank, which a summing all-reduce cannot add up.
+// Top-k sparsification with error feedback (parallel/topk.hpp): each rank sends the
+// floor(topk_ratio x n) gradient entries of largest magnitude (config topk_ratio) and keeps the
+// rest as a residual for the next step; the residual is saved in checkpoints. Its output is a
+// set of (index, value) pairs per rank, which a summing all-reduce cannot add up: it travels by
+// parallel::all_gather or through a parallel::parameter_server.
 struct topk {
   static constexpr std::string_view name = "topk";
 };
@@ -92,30 +112,56 @@ inline constexpr bool is_cast<cast<T>> = true;
 
 }  // namespace compress
 
+namespace detail {
+template <class Sync, class Compressor>
+constexpr std::string_view data_policy_name() {
+  if constexpr (std::is_same_v<Sync, hierarchical>) {
+    return "data<hierarchical>";
+  } else if constexpr (std::is_same_v<Sync, all_gather>) {
+    return "data<all_gather, topk>";
+  } else if constexpr (std::is_same_v<Sync, parameter_server>) {
+    return std::is_same_v<Compressor, compress::topk> ? "data<parameter_server, topk>"
+                                                      : "data<parameter_server>";
+  } else if constexpr (std::is_same_v<Compressor, compress::none>) {
+    return "data<all_reduce>";
+  } else if constexpr (std::is_same_v<Compressor, compress::cast<float16>>) {
+    return "data<all_reduce, cast<float16>>";
+  } else {
+    return "data<all_reduce, cast<bfloat16>>";
+  }
+}
+}  // namespace detail
+
 template <class Sync = all_reduce, class Compressor = compress::none>
 struct data {
-  static_assert(std::is_same_v<Sync, all_reduce> || std::is_same_v<Sync, hierarchical>,
-                "parallel::data<Sync>: this version synchronises by parallel::all_reduce or "
-                "parallel::hierarchical");
-  static_assert(std::is_same_v<Sync, all_reduce> || std::is_same_v<Compressor, compress::none>,
+  static_assert(std::is_same_v<Sync, all_reduce> || std::is_same_v<Sync, hierarchical> ||
+                    std::is_same_v<Sync, all_gather> || std::is_same_v<Sync, parameter_server>,
+                "parallel::data<Sync>: Sync must be parallel::all_reduce, hierarchical, "
+                "all_gather or parameter_server");
+  static_assert(!std::is_same_v<Sync, hierarchical> || std::is_same_v<Compressor, compress::none>,
                 "parallel::data<hierarchical, Compressor>: the hierarchical all-reduce runs "
                 "uncompressed in this version");
-  static_assert(!std::is_same_v<Compressor, compress::topk>,
+  static_assert(!std::is_same_v<Sync, all_reduce> || !std::is_same_v<Compressor, compress::topk>,
                 "parallel::data<all_reduce, compress::topk>: top-k output is not summable (each "
                 "rank sends different indices), so a summing all-reduce cannot carry it; it needs "
-                "an all-gather or a parameter server");
-  static_assert(std::is_same_v<Compressor, compress::none> || compress::is_cast<Compressor>,
-                "parallel::data<Sync, Compressor>: Compressor must be compress::none or "
-                "compress::cast<float16 | bfloat16>");
+                "an all-gather (parallel::all_gather) or a parameter server "
+                "(parallel::parameter_server)");
+  static_assert(!std::is_same_v<Sync, all_gather> || std::is_same_v<Compressor, compress::topk>,
+                "parallel::data<all_gather, Compressor>: the all-gather carries top-k pairs "
+                "(compress::topk); dense gradients are cheaper by parallel::all_reduce");
+  static_assert(!std::is_same_v<Sync, parameter_server> ||
+                    std::is_same_v<Compressor, compress::none> ||
+                    std::is_same_v<Compressor, compress::topk>,
+                "parallel::data<parameter_server, Compressor>: the parameter server takes "
+                "compress::none or compress::topk");
+  static_assert(std::is_same_v<Compressor, compress::none> || compress::is_cast<Compressor> ||
+                    std::is_same_v<Compressor, compress::topk>,
+                "parallel::data<Sync, Compressor>: Compressor must be compress::none, "
+                "compress::cast<float16 | bfloat16> or compress::topk");
   using policy_category = parallel_policy_tag;
   using sync_type = Sync;
   using compressor_type = Compressor;
-  static constexpr std::string_view name =
-      std::is_same_v<Sync, hierarchical>           ? std::string_view("data<hierarchical>")
-      : std::is_same_v<Compressor, compress::none> ? std::string_view("data<all_reduce>")
-      : std::is_same_v<Compressor, compress::cast<float16>>
-          ? std::string_view("data<all_reduce, cast<float16>>")
-          : std::string_view("data<all_reduce, cast<bfloat16>>");
+  static constexpr std::string_view name = detail::data_policy_name<Sync, Compressor>();
 };
 
 // parallel::zero1: data parallelism with the optimizer state sharded over the ranks (ZeRO stage
@@ -127,6 +173,7 @@ struct data {
 // backward, not overlapped with it. Checkpoints hold every rank's shard (rank-R.optimizer.bin).
 struct zero1 {
   using policy_category = parallel_policy_tag;
+  using sync_type = all_reduce;
   using compressor_type = compress::none;
   static constexpr std::string_view name = "zero1";
 };
@@ -143,6 +190,16 @@ template <class P>
 inline constexpr bool is_hierarchical = false;
 template <class Compressor>
 inline constexpr bool is_hierarchical<data<hierarchical, Compressor>> = true;
+
+// Whether a parallel policy synchronises through a parameter server / by top-k compression.
+template <class P>
+inline constexpr bool is_parameter_server = false;
+template <class Compressor>
+inline constexpr bool is_parameter_server<data<parameter_server, Compressor>> = true;
+template <class P>
+inline constexpr bool is_topk = false;
+template <class Sync>
+inline constexpr bool is_topk<data<Sync, compress::topk>> = true;
 
 // The wire type of a data-parallel policy's compressor (float32 without one).
 template <class P>

@@ -61,7 +61,9 @@
 #include "strata/optim/any_optimizer.hpp"
 #include "strata/optim/lr_schedule.hpp"
 #include "strata/parallel/data.hpp"
+#include "strata/parallel/parameter_server.hpp"
 #include "strata/parallel/single_rank.hpp"
+#include "strata/parallel/topk.hpp"
 #include "strata/precision/fp32.hpp"
 #include "strata/precision/loss_scaler.hpp"
 #include "strata/precision/mixed.hpp"
@@ -184,6 +186,14 @@ class trainer {
   static constexpr bool sharded = std::is_same_v<parallel_policy, parallel::zero1>;
   // parallel::data<hierarchical>: the gradients go through the hierarchical all-reduce.
   static constexpr bool hierarchical = parallel::is_hierarchical<parallel_policy>;
+  // parallel::data<parameter_server>: gradients pushed to the servers, parameters pulled back.
+  static constexpr bool ps = parallel::is_parameter_server<parallel_policy>;
+  // compress::topk: top-k with error feedback (by all-gather or through the servers).
+  static constexpr bool topk = parallel::is_topk<parallel_policy>;
+  // The optimizer state is sharded: zero1 over every rank, parameter_server over its servers.
+  static constexpr bool state_sharded = sharded || ps;
+  // parallel::data<all_reduce, ...>: buckets all-reduced as backward completes them.
+  static constexpr bool bucketed = distributed && !state_sharded && !hierarchical && !topk;
 
  public:
   using model_type = Model;
@@ -206,7 +216,7 @@ class trainer {
         cfg_(std::move(cfg)),
         options_(options),
         comm_(comm),
-        params_(make_store(model_, comm ? comm->size() : 1)),
+        params_(make_store(model_, state_shards(cfg_, comm ? comm->size() : 1))),
         optimizer_(checked_optimizer(cfg_, comm ? comm->size() : 1, comm ? comm->rank() : 0)) {
     if (model_.output_shape().channels != 1 || model_.output_shape().height != 1) {
       throw std::invalid_argument("trainer: the model's output " +
@@ -217,13 +227,24 @@ class trainer {
     state_ = buffer<float>(shard_size() * optimizer_.state_per_parameter(),
                            {.alignment = 64, .zero_fill = true});
     if constexpr (mixed) {
-      compute_ = make_store(model_, world_size());
+      compute_ = make_store(model_, state_shards(cfg_, world_size()));
     }
     if constexpr (scaled) {
       scaler_.emplace(scaler_config(cfg_));
     }
     if constexpr (distributed) {
       comm_->broadcast(params_.values().data(), params_.size(), dtype::float32, 0);
+    }
+    if constexpr (ps) {
+      ps_.emplace(*comm_, params_.size(), state_shards(cfg_, world_size()));
+    }
+    if constexpr (topk) {
+      // k counts the parameters, not the padding of a store cut into equal shards.
+      std::size_t used = 0;
+      for (const model::param_entry& e : params_.entries()) {
+        used = std::max(used, e.offset + e.spec.elements());
+      }
+      topk_.emplace(params_.size(), cfg_.topk_ratio, used);
     }
   }
 
@@ -261,6 +282,11 @@ class trainer {
     }
   }
   std::uint64_t skipped_steps() const noexcept { return skipped_steps_; }
+
+  // compress::topk: this rank's error-feedback residual (unscaled; what was not sent yet).
+  std::span<const float> topk_residual() const noexcept requires topk {
+    return std::as_const(*topk_).residual();
+  }
 
   // Trains for config().epochs epochs in all (continuing a checkpointed run when resume is on),
   // evaluating on `test` after every epoch.
@@ -340,7 +366,7 @@ class trainer {
       groups.emplace(comm::make_hierarchy(*comm_, g));
     }
     parallel::bucket_reducer reducer;
-    if constexpr (distributed) {
+    if constexpr (bucketed) {
       reducer = parallel::bucket_reducer(
           *comm_,
           parallel::make_buckets(compute_params(), static_cast<std::size_t>(cfg_.bucket_size_mb)
@@ -385,9 +411,8 @@ class trainer {
           } else {
             // Only the step's last micro-batch communicates, overlapped with its backward.
             const bool last = m + 1 == micro;
-            part =
-                micro_step(*b, work, grad_logits, classes, grad_scale,
-                           distributed && !sharded && !hierarchical && last ? &reducer : nullptr);
+            part = micro_step(*b, work, grad_logits, classes, grad_scale,
+                              bucketed && last ? &reducer : nullptr);
           }
           loss.loss_sum += part.loss_sum;
           loss.correct += part.correct;
@@ -407,6 +432,28 @@ class trainer {
             }
             comm_->reduce_scatter(grads, grads + shard_begin(), shard_size(), dtype::float32,
                                   comm::reduce_op::avg);
+          } else if constexpr (ps || topk) {
+            // Parameter server: each server's shard of the gradients becomes the average.
+            // All-gather of top-k: every rank's gradients become the average.
+            const std::span<float> grads = compute_params().grads();
+            if constexpr (mixed) {
+              round_through(grads, compute_dtype);
+            }
+            if constexpr (topk) {
+              if constexpr (mixed) {
+                // A skipped step must not consume the residual: kept to put back.
+                const std::span<const float> r = std::as_const(*topk_).residual();
+                residual_backup_.assign(r.begin(), r.end());
+              }
+              if constexpr (ps) {
+                ps_->push_topk(*topk_, grads, static_cast<float>(scale));
+              } else {
+                parallel::topk_all_gather(*comm_, *topk_, grads, static_cast<float>(scale),
+                                          topk_mine_, topk_all_);
+              }
+            } else {
+              ps_->push(grads);
+            }
           } else {
             if constexpr (adapts) {
               // The adaptive step may re-run micro-batches after an allocation failure, so its
@@ -429,6 +476,11 @@ class trainer {
         }
         const auto update_begin = clock::now();
         const bool applied = finish_step(lr);
+        if constexpr (topk && mixed) {
+          if (!applied) {
+            std::copy(residual_backup_.begin(), residual_backup_.end(), topk_->residual().begin());
+          }
+        }
         compute += seconds_since(update_begin);
         const auto samples = static_cast<double>(global_samples);
         step_metrics sm{.epoch = epoch,
@@ -760,10 +812,13 @@ class trainer {
     }
     // Gradient synchronisation and compression must be the parallel policy's.
     {
-      std::string sync = hierarchical ? "hierarchical" : "all_reduce";
+      std::string sync = "all_reduce";
       std::string compression = "none";
       if constexpr (distributed) {
-        if constexpr (parallel::wire_dtype<parallel_policy> == dtype::float16) {
+        sync = std::string(parallel_policy::sync_type::name);
+        if constexpr (topk) {
+          compression = "topk";
+        } else if constexpr (parallel::wire_dtype<parallel_policy> == dtype::float16) {
           compression = "float16";
         } else if constexpr (parallel::wire_dtype<parallel_policy> == dtype::bfloat16) {
           compression = "bfloat16";
@@ -787,13 +842,27 @@ class trainer {
                "gradient_compression = " + wanted_compression +
                    ", but the trainer's parallel policy is " + std::string(parallel_policy::name) +
                    (distributed ? "; give it parallel::data<parallel::all_reduce, "
-                                  "parallel::compress::cast<float16 | bfloat16>> to match"
+                                  "parallel::compress::cast<float16 | bfloat16>> or "
+                                  "parallel::data<parallel::all_gather | parameter_server, "
+                                  "parallel::compress::topk> to match"
                                 : "; compression needs several ranks (parallel::data)"));
       }
-      if (cfg_.topk_ratio != d.topk_ratio) {
+      if (!topk && cfg_.topk_ratio != d.topk_ratio) {
         refuse("topk_ratio",
-               "topk_ratio configures top-k compression, which this version does "
-               "not run");
+               "topk_ratio configures parallel::compress::topk; the trainer's parallel policy "
+               "is " +
+                   std::string(parallel_policy::name));
+      }
+      if (!ps && cfg_.parameter_servers != d.parameter_servers) {
+        refuse("parameter_servers",
+               "parameter_servers configures parallel::data<parallel::parameter_server>; the "
+               "trainer's parallel policy is " +
+                   std::string(parallel_policy::name));
+      }
+      if (ps && cfg_.parameter_servers > world) {
+        refuse("parameter_servers", "rank " + std::to_string(rank) + ": parameter_servers = " +
+                                        std::to_string(cfg_.parameter_servers) +
+                                        " is more than the " + std::to_string(world) + " ranks");
       }
       if (!hierarchical && cfg_.hierarchy_group_size != d.hierarchy_group_size) {
         refuse("hierarchy_group_size",
@@ -1070,31 +1139,61 @@ class trainer {
     }
     if constexpr (sharded) {
       comm_->all_gather(values.data() + first, values.data(), shard_size(), dtype::float32);
+    } else if constexpr (ps) {
+      ps_->pull(values);
+    }
+  }
+
+  // How many shards the optimizer state is cut into: every rank's (zero1), the servers'
+  // (parameter_server; parameter_servers = 0 means every rank), else 1.
+  static int state_shards(const config::train_config& c, int world) {
+    if constexpr (sharded) {
+      return world;
+    } else if constexpr (ps) {
+      return c.parameter_servers > 0
+                 ? static_cast<int>(std::min<std::int64_t>(c.parameter_servers, world))
+                 : world;
+    } else {
+      (void)c;
+      (void)world;
+      return 1;
     }
   }
 
   // The parameter store, padded to equal shards when the optimizer state is sharded.
-  static model::param_store make_store(const Model& m, int world) {
-    if constexpr (sharded) {
+  static model::param_store make_store(const Model& m, int shards) {
+    if constexpr (state_sharded) {
       static_assert(
           requires { m.make_params(model::param_store_config{}); },
-          "parallel::zero1: the model's make_params must take a param_store_config "
-          "(sequential's does), to pad the parameters to equal shards");
+          "parallel::zero1 and parallel::data<parameter_server>: the model's make_params must "
+          "take a param_store_config (sequential's does), to pad the parameters to equal shards");
       return m.make_params(
-          model::param_store_config{.size_multiple = static_cast<std::size_t>(world) * 16});
+          model::param_store_config{.size_multiple = static_cast<std::size_t>(shards) * 16});
     } else {
-      (void)world;
+      (void)shards;
       return m.make_params();
     }
   }
 
-  // This rank's shard of the flat parameters: all of them unless sharded.
+  // This rank's shard of the flat parameters: all of them unless sharded; none on a rank that
+  // is not a parameter server.
   std::size_t shard_size() const noexcept {
-    return sharded ? params_.size() / static_cast<std::size_t>(world_size()) : params_.size();
+    if constexpr (state_sharded) {
+      const int shards = state_shards(cfg_, world_size());
+      return rank() < shards ? params_.size() / static_cast<std::size_t>(shards) : 0;
+    } else {
+      return params_.size();
+    }
   }
   std::size_t shard_begin() const noexcept {
-    return sharded ? static_cast<std::size_t>(rank()) * shard_size() : 0;
+    return state_sharded ? static_cast<std::size_t>(rank()) * shard_size() : 0;
   }
+  // The parameters of one shard (of a rank that holds one).
+  std::size_t shard_size_of_server() const noexcept {
+    return params_.size() / static_cast<std::size_t>(state_shards(cfg_, world_size()));
+  }
+  // parallel::data<parameter_server>: the tag of the optimizer-state gather of a checkpoint.
+  static constexpr int state_gather_tag = parallel::ps_exchange::tag_base + 8;
 
   nlohmann::json scaler_json() const {
     if constexpr (scaled) {
@@ -1138,11 +1237,37 @@ class trainer {
       all_shards = buffer<float>(state_.size() * static_cast<std::size_t>(world_size()));
       comm_->all_gather(state_.data(), all_shards.data(), state_.size(), dtype::float32);
       state_values = all_shards.span();
+    } else if constexpr (ps) {
+      // The servers send their shards of the optimizer state to rank 0 (a server).
+      const int shards = state_shards(cfg_, world_size());
+      const std::size_t per = shard_size_of_server() * optimizer_.state_per_parameter();
+      if (rank() == 0) {
+        all_shards = buffer<float>(per * static_cast<std::size_t>(shards));
+        std::copy(state_.span().begin(), state_.span().end(), all_shards.span().begin());
+        for (int s = 1; s < shards; ++s) {
+          comm_->recv(all_shards.data() + static_cast<std::size_t>(s) * per, per, dtype::float32, s,
+                      state_gather_tag);
+        }
+        state_values = all_shards.span();
+      } else if (rank() < shards) {
+        comm_->send(state_.data(), per, dtype::float32, 0, state_gather_tag);
+      }
     }
-    const checkpoint_blob blobs[] = {
+    buffer<float> all_residuals;
+    if constexpr (topk) {
+      // Every rank's top-k residual, in rank order.
+      const std::span<const float> mine = std::as_const(*topk_).residual();
+      all_residuals = buffer<float>(mine.size() * static_cast<std::size_t>(world_size()));
+      comm_->all_gather(mine.data(), all_residuals.data(), mine.size(), dtype::float32);
+    }
+    std::vector<checkpoint_blob> blobs = {
         {.name = "rank-0.params.bin", .bytes = std::as_bytes(values)},
-        {.name = sharded ? "optimizer.shards.bin" : "rank-0.optimizer.bin",
+        {.name = state_sharded ? "optimizer.shards.bin" : "rank-0.optimizer.bin",
          .bytes = std::as_bytes(state_values)}};
+    if constexpr (topk) {
+      blobs.push_back({.name = "topk_residual.ranks.bin",
+                       .bytes = std::as_bytes(std::as_const(all_residuals).span())});
+    }
     // Every rank holds the same parameters and optimizer state: rank 0 writes them, and the
     // others wait until it has (so that a rank never runs ahead of the newest checkpoint).
     std::string where;
@@ -1167,16 +1292,28 @@ class trainer {
     check_config_hash(*loaded, config_hash(cfg_));
     const nlohmann::json& s = loaded->state;
     loaded->copy_blob("rank-0.params.bin", params_.values());
-    if constexpr (sharded) {
-      buffer<float> all_shards(state_.size() * static_cast<std::size_t>(world_size()));
+    if constexpr (state_sharded) {
+      // Each rank that holds a shard takes its own.
+      const std::size_t per = shard_size_of_server() * optimizer_.state_per_parameter();
+      buffer<float> all_shards(per * static_cast<std::size_t>(state_shards(cfg_, world_size())));
       loaded->copy_blob("optimizer.shards.bin", all_shards.span());
       const std::span<const float> mine =
           std::as_const(all_shards)
               .span()
-              .subspan(static_cast<std::size_t>(rank()) * state_.size(), state_.size());
+              .subspan(static_cast<std::size_t>(rank()) * per, state_.size());
       std::copy(mine.begin(), mine.end(), state_.span().begin());
     } else {
       loaded->copy_blob("rank-0.optimizer.bin", state_.span());
+    }
+    if constexpr (topk) {
+      const std::span<float> mine = topk_->residual();
+      buffer<float> all_residuals(mine.size() * static_cast<std::size_t>(world_size()));
+      loaded->copy_blob("topk_residual.ranks.bin", all_residuals.span());
+      const std::span<const float> saved =
+          std::as_const(all_residuals)
+              .span()
+              .subspan(static_cast<std::size_t>(rank()) * mine.size(), mine.size());
+      std::copy(saved.begin(), saved.end(), mine.begin());
     }
     step_ = s.at("step").get<std::uint64_t>();
     optimizer_.set_step_count(s.at("optimizer").at("step_count").get<std::uint64_t>());
@@ -1214,6 +1351,10 @@ class trainer {
   std::size_t adaptive_micro_batch_ = 0;  // the controller's choice for the next step; 0 = none yet
   std::uint64_t nonfinite_in_a_row_ = 0;
   std::size_t last_micro_batch_ = 0;
+  std::optional<parallel::ps_exchange> ps_{};           // parallel::data<parameter_server>
+  std::optional<parallel::topk_compressor> topk_{};     // compress::topk: the residual
+  std::vector<float> residual_backup_{};                // topk + mixed: put back on a skipped step
+  std::vector<std::int32_t> topk_mine_{}, topk_all_{};  // topk by all-gather: the pairs
 };
 
 }  // namespace strata::train

@@ -1,0 +1,435 @@
+// SPDX-License-Identifier: Apache-2.0
+// parallel::data<parameter_server> and compress::topk (by all-gather and through the server).
+#include "strata/parallel/parameter_server.hpp"
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <mutex>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "strata/comm/emulated.hpp"
+#include "strata/comm/threads.hpp"
+#include "strata/parallel/data.hpp"
+#include "strata/parallel/topk.hpp"
+#include "strata/precision/mixed.hpp"
+#include "strata/train/trainer.hpp"
+
+#include "../common/blobs.hpp"
+
+namespace fs = std::filesystem;
+namespace sc = strata::config;
+namespace sp = strata::precision;
+namespace st = strata::train;
+namespace par = strata::parallel;
+using strata::comm::threads;
+using strata::test::check_same_training;
+using strata::test::record;
+using strata::test::run_record;
+
+namespace {
+
+using model_t = decltype(strata::test::blobs_mlp());
+
+sc::train_config base_config(const std::string& name, int ranks) {
+  const fs::path dir = fs::path(STRATA_TEST_WORK_DIR) / "parameter_server" / name;
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  sc::train_config cfg;
+  cfg.epochs = 2;
+  cfg.world_size = ranks;
+  cfg.batch_size_per_gpu = 64 / ranks;
+  cfg.lr = 0.05;
+  cfg.loader_workers = 1;
+  cfg.checkpoint_dir = (dir / "ckpt").string();
+  cfg.checkpoint_interval = 1;
+  cfg.warmup_epochs = 0.5;
+  return cfg;
+}
+
+// Runs `ranks` ranks of trainer<model, Policy, Extra...>; returns every rank's record and checks
+// that every rank ended with the same parameters, bit for bit.
+template <class Policy, class... Extra, class Setup = std::nullptr_t>
+std::vector<run_record> run_ranks(int ranks, const sc::train_config& cfg, Setup setup = nullptr) {
+  std::vector<run_record> records(static_cast<std::size_t>(ranks));
+  threads::run(ranks, [&](threads& c) {
+    st::trainer<model_t, Policy, Extra...> t(strata::test::blobs_mlp(), cfg,
+                                             strata::comm::any_comm(c), {.print_progress = false});
+    if constexpr (!std::is_same_v<Setup, std::nullptr_t>) {
+      setup(t);
+    }
+    records[static_cast<std::size_t>(c.rank())] = record(t);
+  });
+  for (int r = 1; r < ranks; ++r) {
+    INFO("rank ", r);
+    CHECK(records[static_cast<std::size_t>(r)].params == records[0].params);
+  }
+  return records;
+}
+
+// The largest difference over the entries both have (a store padded to shards is longer).
+double worst_difference(const std::vector<float>& a, const std::vector<float>& b) {
+  double worst = 0.0;
+  for (std::size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
+    worst = std::max(worst, static_cast<double>(std::abs(a[i] - b[i])));
+  }
+  return worst;
+}
+
+}  // namespace
+
+TEST_CASE("topk_count rounds down, keeps one and refuses ratios outside (0, 1]") {
+  CHECK(par::topk_count(1000, 0.01) == 10);
+  CHECK(par::topk_count(1099, 0.01) == 10);
+  CHECK(par::topk_count(50, 0.01) == 1);
+  CHECK(par::topk_count(7, 1.0) == 7);
+  CHECK(par::topk_count(0, 0.5) == 0);
+  CHECK_THROWS_WITH_AS(par::topk_count(10, 0.0), doctest::Contains("topk_ratio"),
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(par::topk_count(10, 1.5), doctest::Contains("topk_ratio"),
+                       std::invalid_argument);
+}
+
+TEST_CASE("top-k selects the largest magnitudes and keeps the rest as residual") {
+  par::topk_compressor tk(6, 0.5);  // k = 3
+  REQUIRE(tk.k() == 3);
+  std::vector<float> g{0.1f, -4.0f, 2.0f, -2.0f, 0.5f, 3.0f};
+  std::vector<std::int32_t> pairs;
+  tk.select(g, 1.0f, pairs);
+  // |-4|, |3| and one of the two |2|: the lower index (2) wins the tie.
+  REQUIRE(pairs.size() == 6);
+  CHECK(pairs[0] == 1);
+  CHECK(std::bit_cast<float>(pairs[1]) == -4.0f);
+  CHECK(pairs[2] == 2);
+  CHECK(std::bit_cast<float>(pairs[3]) == 2.0f);
+  CHECK(pairs[4] == 5);
+  CHECK(std::bit_cast<float>(pairs[5]) == 3.0f);
+  const std::vector<float> residual(tk.residual().begin(), tk.residual().end());
+  CHECK(residual == std::vector<float>{0.1f, 0.0f, 0.0f, -2.0f, 0.5f, 0.0f});
+
+  // The next step adds the residual first (error feedback): -2 + -1.5 = -3.5 now wins.
+  std::vector<float> next{0.0f, 0.0f, 0.0f, -1.5f, 0.0f, 0.0f};
+  pairs.clear();
+  tk.select(next, 1.0f, pairs);
+  REQUIRE(pairs.size() == 6);
+  CHECK(pairs[0] == 0);  // residual 0.1, 0.5 at index 4 and -3.5 at index 3
+  CHECK(std::bit_cast<float>(pairs[1]) == doctest::Approx(0.1f));
+  CHECK(pairs[2] == 3);
+  CHECK(std::bit_cast<float>(pairs[3]) == -3.5f);
+  CHECK(pairs[4] == 4);
+  CHECK(std::bit_cast<float>(pairs[5]) == 0.5f);
+  CHECK(std::all_of(tk.residual().begin(), tk.residual().end(), [](float r) { return r == 0; }));
+}
+
+TEST_CASE("top-k keeps the residual unscaled and sends NaN first") {
+  par::topk_compressor tk(4, 0.25);              // k = 1
+  std::vector<float> g{8.0f, 4.0f, 2.0f, 1.0f};  // carrying a loss scale of 4
+  std::vector<std::int32_t> pairs;
+  tk.select(g, 4.0f, pairs);
+  const std::vector<float> residual(tk.residual().begin(), tk.residual().end());
+  CHECK(residual == std::vector<float>{0.0f, 1.0f, 0.5f, 0.25f});
+  // At scale 2 the residual is worth 2, 1, 0.5 on top of the new gradients.
+  std::vector<float> h{0.0f, 0.0f, std::numeric_limits<float>::quiet_NaN(), 0.0f};
+  pairs.clear();
+  tk.select(h, 2.0f, pairs);
+  REQUIRE(pairs.size() == 2);
+  CHECK(pairs[0] == 2);
+  CHECK(std::isnan(std::bit_cast<float>(pairs[1])));
+  CHECK(tk.residual()[1] == 1.0f);
+  CHECK(tk.residual()[3] == 0.25f);
+}
+
+TEST_CASE("the parameter-server exchange averages shards and pulls them back") {
+  for (const int servers : {1, 2, 3}) {
+    INFO(servers, " servers");
+    threads::run(3, [&](threads& c) {
+      const std::size_t n = 12;
+      par::ps_exchange ps(strata::comm::any_comm(c), n, servers);
+      std::vector<float> grads(n);
+      for (std::size_t i = 0; i < n; ++i) {
+        grads[i] = static_cast<float>(i) + 10.0f * static_cast<float>(c.rank());
+      }
+      ps.push(grads);
+      std::vector<float> values(n, -1.0f);
+      if (ps.is_server()) {
+        const std::size_t b = ps.shard_begin(c.rank());
+        for (std::size_t i = b; i < b + ps.shard_size(); ++i) {
+          CHECK(grads[i] == doctest::Approx(static_cast<float>(i) + 10.0f));  // mean of 0, 10, 20
+          values[i] = 2.0f * grads[i];
+        }
+      }
+      ps.pull(values);
+      for (std::size_t i = 0; i < n; ++i) {
+        CHECK(values[i] == doctest::Approx(2.0f * (static_cast<float>(i) + 10.0f)));
+      }
+    });
+  }
+}
+
+TEST_CASE("the top-k push sends each server the pairs of its shard") {
+  threads::run(2, [&](threads& c) {
+    const std::size_t n = 8;
+    par::ps_exchange ps(strata::comm::any_comm(c), n, 2);
+    par::topk_compressor tk(n, 0.25);  // 2 of 8
+    // Rank 0's largest: indices 1 and 6; rank 1's: 2 and 3 (both in shard 0).
+    std::vector<float> g = c.rank() == 0 ? std::vector<float>{0, 5, 0, 0, 0, 0, -6, 0}
+                                         : std::vector<float>{0, 0, 7, 8, 0.5f, 0, 0, 0};
+    ps.push_topk(tk, g, 1.0f);
+    if (c.rank() == 0) {
+      CHECK(g[0] == 0.0f);
+      CHECK(g[1] == 2.5f);
+      CHECK(g[2] == 3.5f);
+      CHECK(g[3] == 4.0f);
+    } else {
+      CHECK(g[4] == 0.0f);  // rank 1 kept 0.5 as residual
+      CHECK(g[6] == -3.0f);
+      CHECK(tk.residual()[4] == 0.5f);
+    }
+  });
+}
+
+TEST_CASE("data<parameter_server> trains like data<all_reduce> with 2 and 4 ranks") {
+  for (const int ranks : {2, 4}) {
+    for (const int servers : {0, 1}) {
+      INFO(ranks, " ranks, parameter_servers = ", servers);
+      auto cfg = base_config("dense-" + std::to_string(ranks), ranks);
+      cfg.optimizer = sc::optimizer_kind::adamw;
+      cfg.lr = 0.01;
+      const run_record dense = run_ranks<par::data<>>(ranks, cfg)[0];
+      auto pcfg = base_config("ps-" + std::to_string(ranks) + "-" + std::to_string(servers), ranks);
+      pcfg.optimizer = sc::optimizer_kind::adamw;
+      pcfg.lr = 0.01;
+      pcfg.gradient_sync = sc::gradient_sync_kind::parameter_server;
+      pcfg.parameter_servers = servers;
+      const run_record ps = run_ranks<par::data<par::parameter_server>>(ranks, pcfg)[0];
+      REQUIRE(ps.steps.size() == dense.steps.size());
+      for (std::size_t i = 0; i < dense.steps.size(); ++i) {
+        CHECK(ps.steps[i].loss == doctest::Approx(dense.steps[i].loss).epsilon(1e-5));
+      }
+      CHECK(worst_difference(ps.params, dense.params) < 1e-5);
+    }
+  }
+}
+
+TEST_CASE("a parameter-server run stopped and resumed matches an uninterrupted one") {
+  auto cfg = base_config("ps-straight", 3);
+  cfg.batch_size_per_gpu = 20;
+  cfg.optimizer = sc::optimizer_kind::adamw;
+  cfg.gradient_sync = sc::gradient_sync_kind::parameter_server;
+  cfg.parameter_servers = 2;
+  const run_record straight = run_ranks<par::data<par::parameter_server>>(3, cfg)[0];
+  auto split = cfg;
+  split.checkpoint_dir =
+      (fs::path(STRATA_TEST_WORK_DIR) / "parameter_server" / "ps-split").string();
+  fs::remove_all(split.checkpoint_dir);
+  split.max_steps = 7;
+  run_ranks<par::data<par::parameter_server>>(3, split);
+  split.max_steps = 0;
+  const run_record resumed = run_ranks<par::data<par::parameter_server>>(3, split)[0];
+  CHECK_FALSE(resumed.summary.resumed_from.empty());
+  CHECK(resumed.summary.params_xxh3 == straight.summary.params_xxh3);
+}
+
+TEST_CASE("top-k with ratio 1 equals dense training, by all-gather and through the server") {
+  for (const int ranks : {2, 4}) {
+    INFO(ranks, " ranks");
+    auto cfg = base_config("topk-dense-" + std::to_string(ranks), ranks);
+    const run_record dense = run_ranks<par::data<>>(ranks, cfg)[0];
+    auto tcfg = base_config("topk-one-" + std::to_string(ranks), ranks);
+    tcfg.gradient_sync = sc::gradient_sync_kind::all_gather;
+    tcfg.gradient_compression = sc::compression_kind::topk;
+    tcfg.topk_ratio = 1.0;
+    const run_record gathered =
+        run_ranks<par::data<par::all_gather, par::compress::topk>>(ranks, tcfg)[0];
+    check_same_training(gathered, dense, 1e-5);
+    tcfg.gradient_sync = sc::gradient_sync_kind::parameter_server;
+    tcfg.checkpoint_dir += "-ps";
+    fs::remove_all(tcfg.checkpoint_dir);
+    const run_record served =
+        run_ranks<par::data<par::parameter_server, par::compress::topk>>(ranks, tcfg)[0];
+    REQUIRE(served.steps.size() == dense.steps.size());
+    for (std::size_t i = 0; i < dense.steps.size(); ++i) {
+      CHECK(served.steps[i].loss == doctest::Approx(dense.steps[i].loss).epsilon(1e-5));
+    }
+    CHECK(worst_difference(served.params, dense.params) < 1e-5);
+  }
+}
+
+namespace {
+
+// Trains 2 ranks of Policy over an emulated link (no delay) and returns rank 0's record and the
+// bytes rank 0 put on the link.
+template <class Policy>
+std::pair<run_record, std::size_t> run_counted(const sc::train_config& cfg) {
+  std::vector<run_record> records(2);
+  std::size_t bytes = 0;
+  threads::run(2, [&](threads& t) {
+    const int rank = t.rank();
+    strata::comm::emulated c(std::move(t));
+    st::trainer<model_t, Policy> tr(strata::test::blobs_mlp(), cfg, strata::comm::any_comm(c),
+                                    {.print_progress = false});
+    records[static_cast<std::size_t>(rank)] = record(tr);
+    if (rank == 0) {
+      bytes = c.bytes_sent();
+    }
+  });
+  CHECK(records[1].params == records[0].params);
+  return {records[0], bytes};
+}
+
+}  // namespace
+
+TEST_CASE("top-k at 10% sends a fifth of the dense bytes, learns, and matches through the server") {
+  auto cfg = base_config("topk-10-dense", 2);
+  cfg.epochs = 4;
+  cfg.checkpoint_interval = 0;  // checkpoints gather the residuals: not counted here
+  const auto [dense, dense_bytes] = run_counted<par::data<>>(cfg);
+  cfg = base_config("topk-10", 2);
+  cfg.epochs = 4;
+  cfg.checkpoint_interval = 0;
+  cfg.gradient_sync = sc::gradient_sync_kind::all_gather;
+  cfg.gradient_compression = sc::compression_kind::topk;
+  cfg.topk_ratio = 0.1;
+  const auto [gathered, bytes] = run_counted<par::data<par::all_gather, par::compress::topk>>(cfg);
+  // Per step a dense all-reduce moves 4 bytes per parameter over the 2-rank ring, top-k 8 bytes
+  // per pair for a tenth of them; the set-up, checkpoints and metrics are the same in both.
+  INFO("dense ", dense_bytes, " bytes, top-k ", bytes);
+  CHECK(bytes < dense_bytes * 3 / 10);
+  CHECK(bytes > dense_bytes / 10);
+  CHECK(gathered.summary.test_accuracy > dense.summary.test_accuracy - 0.05);
+  // The same pairs through a co-located server on each rank.
+  auto pcfg = cfg;
+  pcfg.gradient_sync = sc::gradient_sync_kind::parameter_server;
+  pcfg.checkpoint_dir += "-ps";
+  fs::remove_all(pcfg.checkpoint_dir);
+  const run_record served =
+      run_ranks<par::data<par::parameter_server, par::compress::topk>>(2, pcfg)[0];
+  REQUIRE(served.steps.size() == gathered.steps.size());
+  for (std::size_t i = 0; i < served.steps.size(); ++i) {
+    CHECK(served.steps[i].loss == doctest::Approx(gathered.steps[i].loss).epsilon(1e-5));
+  }
+  CHECK(worst_difference(served.params, gathered.params) < 1e-5);  // the server's store is padded
+}
+
+TEST_CASE("the top-k residual is saved in checkpoints: a resumed run equals an uninterrupted one") {
+  auto cfg = base_config("topk-straight", 2);
+  cfg.gradient_sync = sc::gradient_sync_kind::all_gather;
+  cfg.gradient_compression = sc::compression_kind::topk;
+  cfg.topk_ratio = 0.05;
+  const run_record straight = run_ranks<par::data<par::all_gather, par::compress::topk>>(2, cfg)[0];
+  auto split = cfg;
+  split.checkpoint_dir =
+      (fs::path(STRATA_TEST_WORK_DIR) / "parameter_server" / "topk-split").string();
+  fs::remove_all(split.checkpoint_dir);
+  split.max_steps = 9;
+  std::vector<std::vector<float>> residuals(2);
+  run_ranks<par::data<par::all_gather, par::compress::topk>>(2, split, [&](auto& t) {
+    t.on_step([&t, &residuals](const st::step_metrics&) {
+      const auto r = t.topk_residual();
+      residuals[static_cast<std::size_t>(t.rank())].assign(r.begin(), r.end());
+    });
+  });
+  // The residuals differ per rank and are not zero.
+  CHECK(residuals[0] != residuals[1]);
+  CHECK(std::any_of(residuals[0].begin(), residuals[0].end(), [](float r) { return r != 0; }));
+  // The checkpoint holds both, in rank order.
+  std::vector<float> saved;
+  for (const auto& entry : fs::recursive_directory_iterator(split.checkpoint_dir)) {
+    if (entry.path().filename() == "topk_residual.ranks.bin") {
+      std::ifstream f(entry.path(), std::ios::binary);
+      saved.resize(fs::file_size(entry.path()) / sizeof(float));
+      f.read(reinterpret_cast<char*>(saved.data()),
+             static_cast<std::streamsize>(saved.size() * sizeof(float)));
+    }
+  }
+  std::vector<float> both = residuals[0];
+  both.insert(both.end(), residuals[1].begin(), residuals[1].end());
+  CHECK(saved == both);
+  split.max_steps = 0;
+  const run_record resumed =
+      run_ranks<par::data<par::all_gather, par::compress::topk>>(2, split)[0];
+  CHECK_FALSE(resumed.summary.resumed_from.empty());
+  CHECK(resumed.summary.params_xxh3 == straight.summary.params_xxh3);
+}
+
+TEST_CASE("a skipped fp16 step keeps the top-k residual") {
+  auto cfg = base_config("topk-fp16", 2);
+  cfg.gradient_sync = sc::gradient_sync_kind::all_gather;
+  cfg.gradient_compression = sc::compression_kind::topk;
+  cfg.topk_ratio = 0.1;
+  cfg.mixed_precision_dtype = sc::precision_dtype::float16;
+  // Rank 1's residual after each step (on_gradients runs after the exchange, so the
+  // injected inf makes step 3 skip on both ranks).
+  std::vector<std::vector<float>> after;
+  const auto records =
+      run_ranks<par::data<par::all_gather, par::compress::topk>, sp::fp16>(2, cfg, [&](auto& t) {
+        if (t.rank() != 1) {
+          return;
+        }
+        t.on_gradients([](std::uint64_t step, std::span<float> grads) {
+          if (step == 3) {
+            grads[5] = std::numeric_limits<float>::infinity();
+          }
+        });
+        t.on_step([&t, &after](const st::step_metrics&) {
+          const auto r = t.topk_residual();
+          after.emplace_back(r.begin(), r.end());
+        });
+      });
+  REQUIRE(records[0].steps.size() > 4);
+  CHECK_FALSE(records[0].steps[2].skipped);
+  CHECK(records[0].steps[3].skipped);
+  CHECK_FALSE(records[0].steps[4].skipped);
+  REQUIRE(after.size() > 4);
+  CHECK(after[1] != after[2]);  // an applied step moves the residual
+  CHECK(after[2] == after[3]);  // the skipped one leaves it as it was
+  CHECK(records[0].summary.test_accuracy > 0.85);
+}
+
+TEST_CASE("parameter-server and top-k keys must match the policy") {
+  auto cfg = base_config("keys", 2);
+  cfg.parameter_servers = 1;
+  threads::run(2, [&](threads& c) {
+    CHECK_THROWS_WITH_AS(
+        (st::trainer<model_t, par::data<>>(strata::test::blobs_mlp(), cfg,
+                                           strata::comm::any_comm(c), {.print_progress = false})),
+        doctest::Contains("parameter_servers configures"), strata::config_error);
+  });
+  cfg.parameter_servers = 3;
+  cfg.gradient_sync = sc::gradient_sync_kind::parameter_server;
+  threads::run(2, [&](threads& c) {
+    CHECK_THROWS_WITH_AS(
+        (st::trainer<model_t, par::data<par::parameter_server>>(
+            strata::test::blobs_mlp(), cfg, strata::comm::any_comm(c), {.print_progress = false})),
+        doctest::Contains("parameter_servers = 3 is more than the 2 ranks"), strata::config_error);
+  });
+  cfg.parameter_servers = 0;
+  cfg.gradient_sync = sc::gradient_sync_kind::all_reduce;
+  cfg.topk_ratio = 0.2;
+  threads::run(2, [&](threads& c) {
+    CHECK_THROWS_WITH_AS(
+        (st::trainer<model_t, par::data<>>(strata::test::blobs_mlp(), cfg,
+                                           strata::comm::any_comm(c), {.print_progress = false})),
+        doctest::Contains("topk_ratio configures"), strata::config_error);
+  });
+  cfg.gradient_sync = sc::gradient_sync_kind::all_gather;
+  cfg.gradient_compression = sc::compression_kind::topk;
+  threads::run(2, [&](threads& c) {
+    CHECK_THROWS_WITH_AS(
+        (st::trainer<model_t, par::data<par::parameter_server, par::compress::topk>>(
+            strata::test::blobs_mlp(), cfg, strata::comm::any_comm(c), {.print_progress = false})),
+        doctest::Contains("gradient_sync = all_gather"), strata::config_error);
+  });
+  // Config validation: top-k needs a transport that can carry it.
+  cfg.gradient_sync = sc::gradient_sync_kind::all_reduce;
+  CHECK_THROWS_WITH_AS(strata::config::validate(cfg), doctest::Contains("use all_gather"),
+                       strata::config_error);
+}
