@@ -139,7 +139,9 @@ sc::train_config config_for(const options& o, int ranks) {
   cfg.max_train_samples = static_cast<std::int64_t>(o.global * (o.steps + o.warmup));
   cfg.max_eval_samples = 100;
   cfg.loader_workers = static_cast<std::int64_t>(o.loader_workers);
-  cfg.bucket_size_mb = static_cast<std::int64_t>(o.bucket_mb);
+  if (ranks > 1) {
+    cfg.bucket_size_mb = static_cast<std::int64_t>(o.bucket_mb);  // refused on one rank
+  }
   cfg.checkpoint_interval = 0;
   cfg.checkpoint_dir =
       (std::filesystem::temp_directory_path() / "strata_bench_data_parallel").string();

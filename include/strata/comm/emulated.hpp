@@ -20,22 +20,26 @@
 //                              count is the per-rank count the contract takes)
 //   all_to_all                 (n-1)/n x (n x count_per_rank) elements, n-1 steps (pairwise)
 //   broadcast, reduce          bytes (pipelined along a chain), n-1 steps (filling the chain)
-//   send, recv                 bytes, 1 step (both ends pay: the link is this rank's)
+//   send, recv                 bytes, 1 step (a send on the outgoing direction, a receive on the
+//                              incoming one: the link is full duplex)
 //   barrier                    no bytes, ceil(log2 n) steps (a dissemination barrier)
 //   split                      free (a set-up operation)
 // time = alpha x steps + bytes_on_wire / beta (beta = 0: infinite bandwidth); with n = 1 there is
 // nothing to send and the time is 0. Bytes on the wire are rounded down to whole bytes.
 //
-// The link is this rank's and carries one operation at a time: an operation issued at t starts at
-// max(t, link_free_at), completes `time` later, and moves link_free_at there; link_free_at is per
-// communicator (a split has its own). Blocking operations run the inner operation and then sleep
-// (std::this_thread::sleep_until, never a spin) until the completion time; non-blocking ones start
-// the inner operation at once and return a request whose wait() waits for the inner request and
-// then sleeps until the completion time, and whose test() is true once both are done. The
-// inner operation itself still synchronizes the ranks, so a late peer delays everyone as it would
-// on any backend; the modelled start is this rank's issue time, not the last peer's arrival (an
-// approximation that errs towards optimism when ranks are skewed). The modelled delays are not
-// subject to config().timeout; the inner backend's waits are.
+// The link is this rank's and full duplex: its outgoing direction carries the collectives (whose
+// cost above is what this rank sends) and the sends, one operation at a time; its incoming
+// direction carries the receives, independently, so that a ring over point-to-point messages,
+// which sends and receives at once at every step, costs what the collective does. An operation
+// issued at t starts at max(t, free_at of its direction), completes `time` later, and moves
+// free_at there; the clocks are per communicator (a split has its own). Blocking operations run the
+// inner operation and then sleep (std::this_thread::sleep_until, never a spin) until the completion
+// time; non-blocking ones start the inner operation at once and return a request whose wait() waits
+// for the inner request and then sleeps until the completion time, and whose test() is true once
+// both are done. The inner operation itself still synchronizes the ranks, so a late peer delays
+// everyone as it would on any backend; the modelled start is this rank's issue time, not the last
+// peer's arrival (an approximation that errs towards optimism when ranks are skewed). The modelled
+// delays are not subject to config().timeout; the inner backend's waits are.
 //
 // Everything else (results, in-place rules, ordering, errors, fingerprints) is the inner backend's:
 // emulated forwards every argument unchanged, so it passes the conformance suite whenever Inner
@@ -235,13 +239,15 @@ class emulated {
   Inner& inner() noexcept { return inner_; }
   const Inner& inner() const noexcept { return inner_; }
 
-  // Bytes this rank's operations put on the link (receives included), summed over every
-  // operation issued so far on this communicator.
+  // Bytes this rank's collectives and sends put on the link, summed over every operation issued
+  // so far on this communicator; the bytes of its receives, separately.
   std::uint64_t bytes_sent() const noexcept { return bytes_sent_; }
-  // The modelled transfer times of those operations, summed (queueing behind earlier operations
-  // not included).
+  std::uint64_t bytes_received() const noexcept { return bytes_received_; }
+  // The modelled transfer times of the collectives and sends, summed (queueing behind earlier
+  // operations not included; receives run on the other direction of the link and overlap them).
   double delay_seconds() const noexcept { return delay_seconds_; }
-  // When the link is free again (the completion time of the last operation issued).
+  // When the outgoing direction of the link is free again (the completion time of the last
+  // collective or send issued).
   clock::time_point link_free_at() const noexcept { return link_free_at_; }
 
   // Changes the link for the operations issued from now on (validated like the constructor's);
@@ -353,12 +359,16 @@ class emulated {
   // Books an operation issued at `issued` on the link; returns its completion time.
   clock::time_point book(clock::time_point issued, op_kind op, std::size_t count, dtype type) {
     const link_transfer t = modelled_transfer(link_, op, count, type, size());
-    const auto start = std::max(issued, link_free_at_);
+    const bool incoming = op == op_kind::recv;
+    clock::time_point& free_at = incoming ? incoming_free_at_ : link_free_at_;
+    const auto start = std::max(issued, free_at);
     const auto done =
         start + std::chrono::ceil<clock::duration>(std::chrono::duration<double>(t.seconds));
-    link_free_at_ = done;
-    bytes_sent_ += t.bytes_on_wire;
-    delay_seconds_ += t.seconds;
+    free_at = done;
+    (incoming ? bytes_received_ : bytes_sent_) += t.bytes_on_wire;
+    if (!incoming) {
+      delay_seconds_ += t.seconds;
+    }
     return done;
   }
 
@@ -381,7 +391,9 @@ class emulated {
   Inner inner_;
   network_link link_;
   clock::time_point link_free_at_{};
+  clock::time_point incoming_free_at_{};
   std::uint64_t bytes_sent_ = 0;
+  std::uint64_t bytes_received_ = 0;
   double delay_seconds_ = 0;
 };
 

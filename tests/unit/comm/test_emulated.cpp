@@ -62,6 +62,7 @@ struct measured {
   double seconds = -1;
   double other = -1;
   std::uint64_t bytes = 0;
+  std::uint64_t received = 0;
   double delay = -1;
   bool values_ok = false;
 };
@@ -350,15 +351,44 @@ TEST_CASE("bytes_sent and delay_seconds add up every operation by the formula") 
     s.wait();
     auto& mine = m[static_cast<std::size_t>(me)];
     mine.bytes = c.bytes_sent();
+    mine.received = c.bytes_received();
     mine.delay = c.delay_seconds();
     mine.values_ok = ar[0] == 3.0f && rs_out[0] == 3.0 && ag_out[149] == 2 && got[0] == 1.0f;
   });
-  const std::uint64_t bytes = 5333 + 1600 + 400 + 20 + 80 + 14 + 0 + 64 + 64;
-  const double steps = 4 + 2 + 2 + 2 + 2 + 2 + 2 + 1 + 1;
+  const std::uint64_t bytes = 5333 + 1600 + 400 + 20 + 80 + 14 + 0 + 64;  // the receive apart
+  const double steps = 4 + 2 + 2 + 2 + 2 + 2 + 2 + 1;  // the receive's step is incoming
   for (const auto& mine : m) {
     CHECK(mine.values_ok);
     CHECK(mine.bytes == bytes);
+    CHECK(mine.received == 64);
     CHECK(mine.delay == doctest::Approx(steps * 1e-6 + static_cast<double>(bytes) / 1e9));
+  }
+}
+
+TEST_CASE("the link is full duplex: a send and a receive at once take one transfer time") {
+  // 400 kB at 4 MB/s: 100 ms each way. Exchanged at once they overlap (about 100 ms, not 200).
+  const net_link l{.latency_seconds = 0, .bandwidth_bytes_per_second = 4e6, .name = "test"};
+  std::vector<measured> m(2);
+  run_emulated(2, l, [&](emu& c) {
+    const int peer = 1 - c.rank();
+    std::vector<float> out(100000, 1.0f);
+    std::vector<float> in(100000);
+    const auto t0 = std::chrono::steady_clock::now();
+    auto s = strata::comm::send_async(c, std::span<const float>(out), peer);
+    strata::comm::recv(c, in, peer);
+    s.wait();
+    auto& mine = m[static_cast<std::size_t>(c.rank())];
+    mine.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    mine.bytes = c.bytes_sent();
+    mine.received = c.bytes_received();
+    mine.values_ok = in[0] == 1.0f;
+  });
+  for (const auto& mine : m) {
+    CHECK(mine.values_ok);
+    CHECK(mine.bytes == 400000);
+    CHECK(mine.received == 400000);
+    CHECK(mine.seconds >= 0.099);
+    CHECK(mine.seconds < 0.17);
   }
 }
 
