@@ -233,3 +233,11 @@ TEST_CASE("top-k with ratio 1 over MPI trains like one process, by all-gather an
         cfg.topk_ratio = 1.0;
       });
 }
+
+TEST_CASE("the hierarchical all-reduce over MPI trains like one process") {
+  namespace par = strata::parallel;
+  check_against_one_process<par::data<par::hierarchical>>("hierarchical", [](auto& cfg) {
+    cfg.gradient_sync = strata::config::gradient_sync_kind::hierarchical;
+    cfg.hierarchy_group_size = 2;  // 2 processes: one group; 4: two groups of 2
+  });
+}
