@@ -162,8 +162,9 @@ struct train_config {
   std::int64_t bucket_size_mb = 25;
   compression_kind gradient_compression = compression_kind::none;
   double topk_ratio = 0.01;
-  std::int64_t hierarchy_group_size = 0;  // gradient_sync = hierarchical; 0 = automatic
-  std::int64_t parameter_servers = 0;     // gradient_sync = parameter_server; 0 = every rank
+  std::int64_t hierarchy_group_size = 0;     // gradient_sync = hierarchical; 0 = automatic
+  std::int64_t parameter_servers = 0;        // gradient_sync = parameter_server; 0 = every rank
+  bool dedicated_parameter_servers = false;  // the servers are the last ranks and do not train
 
   // Memory and batch adaptation.
   std::int64_t activation_checkpoint_every = 0;  // segments of k layers recomputed; 0 = off
@@ -320,6 +321,9 @@ constexpr void visit_keys(Visitor&& v) {
   v(int_key{"parameter_servers", &c::parameter_servers, 0, 1 << 16,
             "Ranks 0 .. parameter_servers - 1 also serve a shard of the parameters and its "
             "optimizer state (gradient_sync = parameter_server); 0 = every rank."});
+  v(bool_key{"dedicated_parameter_servers", &c::dedicated_parameter_servers,
+             "The parameter servers are the last parameter_servers ranks and only serve; the "
+             "other ranks train."});
   // Memory and batch adaptation.
   v(int_key{"activation_checkpoint_every", &c::activation_checkpoint_every, 0, 1 << 20,
             "Activation checkpointing: keep one output per k layers, recompute the rest in "

@@ -5,13 +5,14 @@
 // messages (any backend with send / recv).
 //
 // The flat parameters (padded to a multiple of the server count) are cut into `servers` equal
-// shards; rank s < servers serves shard s: it holds the optimizer state of that shard and applies
-// its update. Servers are co-located: they train on their data shard like every other rank.
-// A step:
-//   push  every rank sends its gradient's shard s to server s (its own shard stays local);
-//         server s adds the ranks' contributions in rank order and divides by the rank count;
+// shards; the ranks [first server, first server + servers) serve one each: server s holds the
+// optimizer state of shard s and applies its update. The ranks [0, workers) train and contribute
+// gradients. Co-located servers (ranks 0 .. servers - 1, every rank a worker) train too;
+// dedicated servers (the ranks after the workers) only serve. A step:
+//   push  every worker sends its gradient's shard s to server s (its own shard stays local);
+//         server s adds the workers' contributions in rank order and divides by their count;
 //   ...   server s updates its shard of the parameters (the trainer's optimizer on its state);
-//   pull  server s sends its updated shard to every other rank.
+//   pull  server s sends its updated shard to every worker.
 // Every rank ends with the same parameters as an all-reduce run (the average of the same
 // gradients, added in rank order). With top-k compression (parallel/topk.hpp) each rank pushes
 // only its selected (index, value) pairs, split by shard, after a count message; the pull stays
@@ -24,7 +25,7 @@
 //
 // The messages use the tags [ps_exchange::tag_base, tag_base + 4); other traffic on the
 // communicator must avoid them while an exchange runs. The asynchronous (bounded-staleness) mode
-// and dedicated (non-training) servers are not in this version (docs/parallel.md).
+// is not in this version (docs/parallel.md).
 
 #include <algorithm>
 #include <cstddef>
@@ -48,13 +49,20 @@ class ps_exchange {
   static constexpr int tag_base = 0x5350;
 
   ps_exchange() = default;
-  // `size`: the flat parameter count, a multiple of `servers` (1 .. comm.size()).
-  ps_exchange(comm::any_comm comm, std::size_t size, int servers)
-      : comm_(comm), size_(size), servers_(servers) {
-    if (servers < 1 || servers > comm.size()) {
+  // `size`: the flat parameter count, a multiple of `servers`. Co-located (workers = 0): every
+  // rank trains and ranks [0, servers) serve. Dedicated (workers > 0): ranks [0, workers) train
+  // and ranks [workers, workers + servers) serve.
+  ps_exchange(comm::any_comm comm, std::size_t size, int servers, int workers = 0)
+      : comm_(comm),
+        size_(size),
+        servers_(servers),
+        first_server_(workers),
+        workers_(workers > 0 ? workers : comm.size()) {
+    if (servers < 1 || first_server_ + servers > comm.size()) {
       throw std::invalid_argument("parallel::ps_exchange: " + std::to_string(servers) +
-                                  " parameter servers for " + std::to_string(comm.size()) +
-                                  " ranks (config key parameter_servers: 0 .. world_size)");
+                                  " parameter servers after " + std::to_string(first_server_) +
+                                  " dedicated workers do not fit " + std::to_string(comm.size()) +
+                                  " ranks (config key parameter_servers)");
     }
     if (size % static_cast<std::size_t>(servers) != 0) {
       throw std::invalid_argument("parallel::ps_exchange: " + std::to_string(size) +
@@ -65,112 +73,130 @@ class ps_exchange {
   }
 
   int servers() const noexcept { return servers_; }
+  int workers() const noexcept { return workers_; }
   std::size_t shard_size() const noexcept { return shard_; }
   std::size_t shard_begin(int server) const noexcept {
     return static_cast<std::size_t>(server) * shard_;
   }
-  bool is_server() const noexcept { return comm_->rank() < servers_; }
+  // The rank of server s, and the server this rank is (-1 when it is none).
+  int server_rank(int server) const noexcept { return first_server_ + server; }
+  int server_index() const noexcept {
+    const int s = comm_->rank() - first_server_;
+    return s >= 0 && s < servers_ ? s : -1;
+  }
+  bool is_server() const noexcept { return server_index() >= 0; }
+  bool is_worker() const noexcept { return comm_->rank() < workers_; }
 
-  // Dense push: on server s, grads[shard s] becomes the average over every rank of its shard s.
-  // The other entries of grads are left as they are (stale on a server, unused). Collective.
+  // Dense push: on server s, grads[shard s] becomes the average over the workers of their shard
+  // s. The other entries of grads are left as they are (stale on a server, unused). Collective.
   void push(std::span<float> grads) {
     check(grads.size(), "push");
     const int me = comm_->rank();
-    const int n = comm_->size();
+    const int mine = server_index();
     std::vector<comm::any_comm::request> requests;
-    if (is_server()) {
-      stage_.resize(static_cast<std::size_t>(n) * shard_);
-      for (int r = 0; r < n; ++r) {
+    if (mine >= 0) {
+      stage_.resize(static_cast<std::size_t>(workers_) * shard_);
+      for (int r = 0; r < workers_; ++r) {
         if (r != me) {
           requests.push_back(comm_->recv_async(stage_.data() + static_cast<std::size_t>(r) * shard_,
                                                shard_, dtype::float32, r, tag_base));
         }
       }
     }
-    for (int s = 0; s < servers_; ++s) {
-      if (s != me) {
-        requests.push_back(
-            comm_->send_async(grads.data() + shard_begin(s), shard_, dtype::float32, s, tag_base));
+    if (is_worker()) {
+      for (int s = 0; s < servers_; ++s) {
+        if (server_rank(s) != me) {
+          requests.push_back(comm_->send_async(grads.data() + shard_begin(s), shard_,
+                                               dtype::float32, server_rank(s), tag_base));
+        }
       }
     }
     wait_all(requests);
-    if (!is_server()) {
+    if (mine < 0) {
       return;
     }
-    const std::span<float> mine = grads.subspan(shard_begin(me), shard_);
-    std::copy(mine.begin(), mine.end(), stage_.begin() + static_cast<std::ptrdiff_t>(me) * shard_);
-    const auto ranks = static_cast<float>(n);
+    const std::span<float> out = grads.subspan(shard_begin(mine), shard_);
+    if (is_worker()) {
+      std::copy(
+          out.begin(), out.end(),
+          stage_.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(me) * shard_));
+    }
+    const auto n = static_cast<float>(workers_);
     for (std::size_t i = 0; i < shard_; ++i) {
       float sum = 0.0f;
-      for (int r = 0; r < n; ++r) {
+      for (int r = 0; r < workers_; ++r) {
         sum += stage_[static_cast<std::size_t>(r) * shard_ + i];
       }
-      mine[i] = sum / ranks;
+      out[i] = sum / n;
     }
   }
 
-  // Top-k push: this rank selects its pairs (error feedback in `tk`, gradients carrying `scale`)
-  // and sends each server the pairs of its shard; on server s, grads[shard s] becomes the sum of
-  // every rank's pairs in rank order divided by the rank count. Collective.
+  // Top-k push: each worker selects its pairs (error feedback in `tk`, gradients carrying
+  // `scale`) and sends each server the pairs of its shard after their count; on server s,
+  // grads[shard s] becomes the sum of every worker's pairs in rank order divided by the worker
+  // count. A dedicated server passes any `tk` (unused). Collective.
   void push_topk(topk_compressor& tk, std::span<float> grads, float scale) {
     check(grads.size(), "push_topk");
     const int me = comm_->rank();
-    const int n = comm_->size();
+    const int mine = server_index();
     pairs_.clear();
-    tk.select(grads, scale, pairs_);
-    // The pairs are in increasing index order: each shard's are one run.
-    std::vector<std::size_t> cut(static_cast<std::size_t>(servers_) + 1, pairs_.size() / 2);
-    cut[0] = 0;
-    {
+    std::vector<std::size_t> cut(static_cast<std::size_t>(servers_) + 1, 0);
+    std::vector<std::int64_t> counts(static_cast<std::size_t>(servers_), 0);
+    std::vector<comm::any_comm::request> sends;
+    if (is_worker()) {
+      tk.select(grads, scale, pairs_);
+      // The pairs are in increasing index order: each shard's are one run.
+      const std::size_t pairs = pairs_.size() / 2;
       std::size_t p = 0;
-      for (int s = 1; s < servers_; ++s) {
-        while (p < pairs_.size() / 2 && static_cast<std::size_t>(pairs_[2 * p]) < shard_begin(s)) {
+      for (int s = 1; s <= servers_; ++s) {
+        const std::size_t end = s == servers_ ? size_ : shard_begin(s);
+        while (p < pairs && static_cast<std::size_t>(pairs_[2 * p]) < end) {
           ++p;
         }
         cut[static_cast<std::size_t>(s)] = p;
+        counts[static_cast<std::size_t>(s) - 1] = static_cast<std::int64_t>(
+            cut[static_cast<std::size_t>(s)] - cut[static_cast<std::size_t>(s) - 1]);
       }
-    }
-    std::vector<std::int64_t> counts(static_cast<std::size_t>(servers_));
-    for (int s = 0; s < servers_; ++s) {
-      counts[static_cast<std::size_t>(s)] = static_cast<std::int64_t>(
-          cut[static_cast<std::size_t>(s) + 1] - cut[static_cast<std::size_t>(s)]);
-    }
-    std::vector<comm::any_comm::request> sends;
-    for (int s = 0; s < servers_; ++s) {
-      if (s != me) {
-        const auto u = static_cast<std::size_t>(s);
-        sends.push_back(comm_->send_async(&counts[u], 1, dtype::int64, s, tag_base + 1));
-        sends.push_back(comm_->send_async(pairs_.data() + 2 * cut[u],
-                                          2 * static_cast<std::size_t>(counts[u]), dtype::int32, s,
-                                          tag_base + 2));
-      }
-    }
-    if (is_server()) {
-      std::vector<std::int64_t> incoming(static_cast<std::size_t>(n), 0);
-      {
-        std::vector<comm::any_comm::request> requests;
-        for (int r = 0; r < n; ++r) {
-          if (r != me) {
-            requests.push_back(comm_->recv_async(&incoming[static_cast<std::size_t>(r)], 1,
-                                                 dtype::int64, r, tag_base + 1));
-          }
-        }
-        wait_all(requests);
-      }
-      for (int r = 0; r < n; ++r) {
-        if (incoming[static_cast<std::size_t>(r)] < 0 ||
-            static_cast<std::size_t>(incoming[static_cast<std::size_t>(r)]) > shard_) {
-          wait_all(sends);
-          throw std::runtime_error(
-              "parallel::ps_exchange: rank " + std::to_string(r) + " announced " +
-              std::to_string(incoming[static_cast<std::size_t>(r)]) + " top-k pairs for shard " +
-              std::to_string(me) + " of " + std::to_string(shard_) + " entries");
+      for (int s = 0; s < servers_; ++s) {
+        if (server_rank(s) != me) {
+          const auto u = static_cast<std::size_t>(s);
+          sends.push_back(
+              comm_->send_async(&counts[u], 1, dtype::int64, server_rank(s), tag_base + 1));
+          sends.push_back(comm_->send_async(pairs_.data() + 2 * cut[u],
+                                            2 * static_cast<std::size_t>(counts[u]), dtype::int32,
+                                            server_rank(s), tag_base + 2));
         }
       }
-      incoming[static_cast<std::size_t>(me)] = counts[static_cast<std::size_t>(me)];
-      std::vector<std::vector<std::int32_t>> received(static_cast<std::size_t>(n));
+    }
+    if (mine < 0) {
+      wait_all(sends);
+      return;
+    }
+    std::vector<std::int64_t> incoming(static_cast<std::size_t>(workers_), 0);
+    {
       std::vector<comm::any_comm::request> requests;
-      for (int r = 0; r < n; ++r) {
+      for (int r = 0; r < workers_; ++r) {
+        if (r != me) {
+          requests.push_back(comm_->recv_async(&incoming[static_cast<std::size_t>(r)], 1,
+                                               dtype::int64, r, tag_base + 1));
+        }
+      }
+      wait_all(requests);
+    }
+    for (int r = 0; r < workers_; ++r) {
+      const std::int64_t c = incoming[static_cast<std::size_t>(r)];
+      if (c < 0 || static_cast<std::size_t>(c) > shard_) {
+        wait_all(sends);
+        throw std::runtime_error("parallel::ps_exchange: rank " + std::to_string(r) +
+                                 " announced " + std::to_string(c) + " top-k pairs for shard " +
+                                 std::to_string(mine) + " of " + std::to_string(shard_) +
+                                 " entries");
+      }
+    }
+    std::vector<std::vector<std::int32_t>> received(static_cast<std::size_t>(workers_));
+    {
+      std::vector<comm::any_comm::request> requests;
+      for (int r = 0; r < workers_; ++r) {
         if (r != me) {
           auto& in = received[static_cast<std::size_t>(r)];
           in.resize(2 * static_cast<std::size_t>(incoming[static_cast<std::size_t>(r)]));
@@ -179,51 +205,50 @@ class ps_exchange {
         }
       }
       wait_all(requests);
-      wait_all(sends);
-      const std::span<float> mine = grads.subspan(shard_begin(me), shard_);
-      std::fill(mine.begin(), mine.end(), 0.0f);
-      for (int r = 0; r < n; ++r) {
-        const auto u = static_cast<std::size_t>(r);
-        const std::span<const std::int32_t> from =
-            r == me ? std::span<const std::int32_t>(pairs_).subspan(
-                          2 * cut[static_cast<std::size_t>(me)],
-                          2 * static_cast<std::size_t>(counts[static_cast<std::size_t>(me)]))
-                    : std::span<const std::int32_t>(received[u]);
-        for (std::size_t p = 0; p + 1 < from.size(); p += 2) {
-          if (from[p] < 0 || static_cast<std::size_t>(from[p]) < shard_begin(me) ||
-              static_cast<std::size_t>(from[p]) >= shard_begin(me) + shard_) {
-            throw std::runtime_error("parallel::ps_exchange: rank " + std::to_string(r) +
-                                     " sent index " + std::to_string(from[p]) + " outside shard " +
-                                     std::to_string(me));
-          }
+    }
+    wait_all(sends);
+    const std::span<float> out = grads.subspan(shard_begin(mine), shard_);
+    std::fill(out.begin(), out.end(), 0.0f);
+    for (int r = 0; r < workers_; ++r) {
+      const auto u = static_cast<std::size_t>(mine);
+      const std::span<const std::int32_t> from =
+          r == me ? std::span<const std::int32_t>(pairs_).subspan(
+                        2 * cut[u], 2 * static_cast<std::size_t>(counts[u]))
+                  : std::span<const std::int32_t>(received[static_cast<std::size_t>(r)]);
+      for (std::size_t p = 0; p + 1 < from.size(); p += 2) {
+        if (from[p] < 0 || static_cast<std::size_t>(from[p]) < shard_begin(mine) ||
+            static_cast<std::size_t>(from[p]) >= shard_begin(mine) + shard_) {
+          throw std::runtime_error("parallel::ps_exchange: rank " + std::to_string(r) +
+                                   " sent index " + std::to_string(from[p]) + " outside shard " +
+                                   std::to_string(mine));
         }
-        add_topk_pairs(from, mine, shard_begin(me));
       }
-      const auto ranks = static_cast<float>(n);
-      for (float& g : mine) {
-        g /= ranks;
-      }
-    } else {
-      wait_all(sends);
+      add_topk_pairs(from, out, shard_begin(mine));
+    }
+    const auto n = static_cast<float>(workers_);
+    for (float& g : out) {
+      g /= n;
     }
   }
 
-  // Pull: every server sends its shard of `values` to every other rank. Collective.
+  // Pull: every server sends its shard of `values` to every worker. Collective.
   void pull(std::span<float> values) {
     check(values.size(), "pull");
     const int me = comm_->rank();
-    const int n = comm_->size();
+    const int mine = server_index();
     std::vector<comm::any_comm::request> requests;
-    for (int s = 0; s < servers_; ++s) {
-      if (s != me) {
-        requests.push_back(comm_->recv_async(values.data() + shard_begin(s), shard_, dtype::float32,
-                                             s, tag_base + 3));
+    if (is_worker()) {
+      for (int s = 0; s < servers_; ++s) {
+        if (server_rank(s) != me) {
+          requests.push_back(comm_->recv_async(values.data() + shard_begin(s), shard_,
+                                               dtype::float32, server_rank(s), tag_base + 3));
+        }
       }
     }
-    if (is_server()) {
-      for (int r = 0; r < n; ++r) {
+    if (mine >= 0) {
+      for (int r = 0; r < workers_; ++r) {
         if (r != me) {
-          requests.push_back(comm_->send_async(values.data() + shard_begin(me), shard_,
+          requests.push_back(comm_->send_async(values.data() + shard_begin(mine), shard_,
                                                dtype::float32, r, tag_base + 3));
         }
       }
@@ -262,6 +287,8 @@ class ps_exchange {
   std::optional<comm::any_comm> comm_{};
   std::size_t size_ = 0;
   int servers_ = 1;
+  int first_server_ = 0;
+  int workers_ = 0;
   std::size_t shard_ = 0;
   std::vector<float> stage_{};
   std::vector<std::int32_t> pairs_{};

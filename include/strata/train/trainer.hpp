@@ -21,7 +21,9 @@
 // bit.
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -224,6 +226,11 @@ class trainer {
                                   " is not a vector of class scores (1x1xclasses)");
     }
     params_.initialize(static_cast<std::uint64_t>(cfg_.seed));
+    if constexpr (ps) {
+      dedicated_ = cfg_.dedicated_parameter_servers;
+      dedicated_server_ =
+          dedicated_ && comm_->rank() >= comm_->size() - state_shards(cfg_, comm_->size());
+    }
     state_ = buffer<float>(shard_size() * optimizer_.state_per_parameter(),
                            {.alignment = 64, .zero_fill = true});
     if constexpr (mixed) {
@@ -236,7 +243,17 @@ class trainer {
       comm_->broadcast(params_.values().data(), params_.size(), dtype::float32, 0);
     }
     if constexpr (ps) {
-      ps_.emplace(*comm_, params_.size(), state_shards(cfg_, world_size()));
+      const int servers = state_shards(cfg_, world_size());
+      if (dedicated_) {
+        // The servers are the last ranks; the workers' own collectives (metrics, checkpoints,
+        // the sampler's shards) run over the workers only, the exchange over every rank.
+        const int workers = world_size() - servers;
+        world_ = *comm_;
+        comm_ = world_->split(dedicated_server_ ? 1 : 0, world_->rank());
+        ps_.emplace(*world_, params_.size(), servers, workers);
+      } else {
+        ps_.emplace(*comm_, params_.size(), servers);
+      }
     }
     if constexpr (topk) {
       // k counts the parameters, not the padding of a store cut into equal shards.
@@ -295,6 +312,11 @@ class trainer {
                   const TestTransform& test_transform) {
     static_assert(data::check_dataset<TrainSet>() && data::check_dataset<TestSet>());
     static_assert(data::check_transform<Augment>() && data::check_transform<TestTransform>());
+    if constexpr (ps) {
+      if (dedicated_server_) {
+        return serve();
+      }
+    }
     const auto fit_begin = clock::now();
     const data::subset<TrainSet> train_view(train,
                                             static_cast<std::size_t>(cfg_.max_train_samples));
@@ -439,20 +461,40 @@ class trainer {
             if constexpr (mixed) {
               round_through(grads, compute_dtype);
             }
-            if constexpr (topk) {
-              if constexpr (mixed) {
-                // A skipped step must not consume the residual: kept to put back.
-                const std::span<const float> r = std::as_const(*topk_).residual();
-                residual_backup_.assign(r.begin(), r.end());
+            if constexpr (topk && mixed) {
+              // A skipped step must not consume the residual: kept to put back.
+              const std::span<const float> r = std::as_const(*topk_).residual();
+              residual_backup_.assign(r.begin(), r.end());
+            }
+            bool send = true;
+            if constexpr (ps) {
+              if (dedicated_) {
+                // Dedicated servers see only the average: the workers decide first whether the
+                // step applies, and tell the servers what to do.
+                bool finite = true;
+                if constexpr (mixed) {
+                  finite = std::all_of(grads.begin(), grads.end(),
+                                       [](float g) { return std::isfinite(g); });
+                  finite = !precision::any_rank_overflowed(*comm_, !finite);
+                }
+                pending_finite_ = finite;
+                send = finite;
+                if (send && rank() == 0) {
+                  send_to_servers(server_command::step, lr, scale);
+                }
               }
-              if constexpr (ps) {
-                ps_->push_topk(*topk_, grads, static_cast<float>(scale));
+            }
+            if (send) {
+              if constexpr (topk) {
+                if constexpr (ps) {
+                  ps_->push_topk(*topk_, grads, static_cast<float>(scale));
+                } else {
+                  parallel::topk_all_gather(*comm_, *topk_, grads, static_cast<float>(scale),
+                                            topk_mine_, topk_all_);
+                }
               } else {
-                parallel::topk_all_gather(*comm_, *topk_, grads, static_cast<float>(scale),
-                                          topk_mine_, topk_all_);
+                ps_->push(grads);
               }
-            } else {
-              ps_->push(grads);
             }
           } else {
             if constexpr (adapts) {
@@ -570,6 +612,11 @@ class trainer {
         train_seconds > 0.0 ? static_cast<double>(train_samples) / train_seconds : 0.0;
     summary.wall_seconds = seconds_since(fit_begin);
     summary.params_xxh3 = xxh3_hex(params_.values());
+    if constexpr (ps) {
+      if (dedicated_ && rank() == 0) {
+        send_to_servers(server_command::finish, 0.0, 1.0);
+      }
+    }
     return summary;
   }
 
@@ -859,6 +906,21 @@ class trainer {
                "trainer's parallel policy is " +
                    std::string(parallel_policy::name));
       }
+      if (!ps && cfg_.dedicated_parameter_servers) {
+        refuse("dedicated_parameter_servers",
+               "dedicated_parameter_servers configures parallel::data<parallel::parameter_server>; "
+               "the trainer's parallel policy is " +
+                   std::string(parallel_policy::name));
+      }
+      if (ps && cfg_.dedicated_parameter_servers &&
+          (cfg_.parameter_servers < 1 || cfg_.parameter_servers >= world)) {
+        refuse("parameter_servers",
+               "rank " + std::to_string(rank) +
+                   ": dedicated_parameter_servers needs 1 .. world_size - 1 servers (the other "
+                   "ranks train); parameter_servers = " +
+                   std::to_string(cfg_.parameter_servers) +
+                   ", world_size = " + std::to_string(world));
+      }
       if (ps && cfg_.parameter_servers > world) {
         refuse("parameter_servers", "rank " + std::to_string(rank) + ": parameter_servers = " +
                                         std::to_string(cfg_.parameter_servers) +
@@ -1077,6 +1139,11 @@ class trainer {
       if constexpr (distributed) {
         finite = !precision::any_rank_overflowed(*comm_, !finite);
       }
+      if constexpr (ps) {
+        if (dedicated_) {
+          finite = pending_finite_;  // decided before the push (the servers hold no gradients)
+        }
+      }
       bool apply = finite;
       if constexpr (scaled) {
         apply = scaler_->update(!finite);
@@ -1150,6 +1217,9 @@ class trainer {
     if constexpr (sharded) {
       return world;
     } else if constexpr (ps) {
+      if (c.dedicated_parameter_servers) {
+        return static_cast<int>(std::clamp<std::int64_t>(c.parameter_servers, 1, world));
+      }
       return c.parameter_servers > 0
                  ? static_cast<int>(std::min<std::int64_t>(c.parameter_servers, world))
                  : world;
@@ -1180,6 +1250,10 @@ class trainer {
   std::size_t shard_size() const noexcept {
     if constexpr (state_sharded) {
       const int shards = state_shards(cfg_, world_size());
+      if (dedicated_) {
+        // A dedicated server's comm_ spans the servers: its rank there is its shard.
+        return dedicated_server_ ? params_.size() / static_cast<std::size_t>(shards) : 0;
+      }
       return rank() < shards ? params_.size() / static_cast<std::size_t>(shards) : 0;
     } else {
       return params_.size();
@@ -1191,6 +1265,79 @@ class trainer {
   // The parameters of one shard (of a rank that holds one).
   std::size_t shard_size_of_server() const noexcept {
     return params_.size() / static_cast<std::size_t>(state_shards(cfg_, world_size()));
+  }
+
+  // parallel::data<parameter_server> with dedicated servers: worker 0 tells every server what
+  // comes next (a step's push with its learning rate and loss scale, a checkpoint's state
+  // request, the end of training); the servers follow in serve().
+  enum class server_command : std::int64_t { step = 1, save = 2, finish = 3 };
+  static constexpr int server_command_tag = parallel::ps_exchange::tag_base + 9;
+
+  void send_to_servers(server_command command, double lr, double scale) {
+    const std::int64_t message[4] = {
+        static_cast<std::int64_t>(command), static_cast<std::int64_t>(step_),
+        std::bit_cast<std::int64_t>(lr), std::bit_cast<std::int64_t>(scale)};
+    for (int s = 0; s < ps_->servers(); ++s) {
+      world_->send(message, 4, dtype::int64, ps_->server_rank(s), server_command_tag);
+    }
+  }
+
+  // A dedicated server's fit(): resume its shard when asked to, then apply each step's average
+  // gradient to its shard and send the workers the new values, until worker 0 says finish.
+  fit_summary serve() {
+    const auto begin = clock::now();
+    checkpoint_store store({.dir = cfg_.checkpoint_dir,
+                            .keep = static_cast<std::size_t>(cfg_.checkpoint_keep),
+                            .config_hash = config_hash(cfg_)});
+    progress quiet({.enabled = false,
+                    .log_every = 1,
+                    .terminal = options_.terminal,
+                    .out = options_.progress_out});
+    fit_summary summary;
+    if (cfg_.resume) {
+      if (auto resumed = resume(store, quiet)) {
+        summary.resumed_from = resumed->name;
+      }
+    }
+    const std::uint64_t start_step = step_;
+    for (;;) {
+      std::int64_t message[4] = {};
+      world_->recv(message, 4, dtype::int64, 0, server_command_tag);
+      const auto command = static_cast<server_command>(message[0]);
+      if (command == server_command::finish) {
+        break;
+      }
+      if (command == server_command::save) {
+        world_->send(state_.data(), state_.size(), dtype::float32, 0, state_gather_tag);
+        continue;
+      }
+      if (command != server_command::step) {
+        throw error("parameter server " + std::to_string(rank()) + ": unknown command " +
+                    std::to_string(message[0]) + " from worker 0");
+      }
+      step_ = static_cast<std::uint64_t>(message[1]);
+      const double lr = std::bit_cast<double>(message[2]);
+      const double scale = std::bit_cast<double>(message[3]);
+      const std::span<float> grads = compute_params().grads();
+      if constexpr (topk) {
+        ps_->push_topk(*topk_, grads, static_cast<float>(scale));
+      } else {
+        ps_->push(grads);
+      }
+      if constexpr (mixed) {
+        const std::span<float> from = grads.subspan(shard_begin(), shard_size());
+        round_through(from, compute_dtype);
+        const std::span<float> to = params_.grads().subspan(shard_begin(), shard_size());
+        std::copy(from.begin(), from.end(), to.begin());
+        precision::unscale_and_check(to, scale);  // the workers checked their gradients
+      }
+      apply_update(lr);
+      ++step_;
+    }
+    summary.steps = step_;
+    summary.steps_this_run = step_ - start_step;
+    summary.wall_seconds = seconds_since(begin);
+    return summary;
   }
   // parallel::data<parameter_server>: the tag of the optimizer-state gather of a checkpoint.
   static constexpr int state_gather_tag = parallel::ps_exchange::tag_base + 8;
@@ -1238,10 +1385,21 @@ class trainer {
       comm_->all_gather(state_.data(), all_shards.data(), state_.size(), dtype::float32);
       state_values = all_shards.span();
     } else if constexpr (ps) {
-      // The servers send their shards of the optimizer state to rank 0 (a server).
+      // The servers send their shards of the optimizer state to rank 0 (a server unless the
+      // servers are dedicated: then worker 0 asks each of them).
       const int shards = state_shards(cfg_, world_size());
       const std::size_t per = shard_size_of_server() * optimizer_.state_per_parameter();
-      if (rank() == 0) {
+      if (dedicated_) {
+        if (rank() == 0) {
+          all_shards = buffer<float>(per * static_cast<std::size_t>(shards));
+          send_to_servers(server_command::save, 0.0, 1.0);
+          for (int s = 0; s < shards; ++s) {
+            world_->recv(all_shards.data() + static_cast<std::size_t>(s) * per, per, dtype::float32,
+                         ps_->server_rank(s), state_gather_tag);
+          }
+          state_values = all_shards.span();
+        }
+      } else if (rank() == 0) {
         all_shards = buffer<float>(per * static_cast<std::size_t>(shards));
         std::copy(state_.span().begin(), state_.span().end(), all_shards.span().begin());
         for (int s = 1; s < shards; ++s) {
@@ -1297,15 +1455,17 @@ class trainer {
       const std::size_t per = shard_size_of_server() * optimizer_.state_per_parameter();
       buffer<float> all_shards(per * static_cast<std::size_t>(state_shards(cfg_, world_size())));
       loaded->copy_blob("optimizer.shards.bin", all_shards.span());
-      const std::span<const float> mine =
-          std::as_const(all_shards)
-              .span()
-              .subspan(static_cast<std::size_t>(rank()) * per, state_.size());
-      std::copy(mine.begin(), mine.end(), state_.span().begin());
+      if (state_.size() > 0) {  // not on a worker beside dedicated servers
+        const std::span<const float> mine =
+            std::as_const(all_shards)
+                .span()
+                .subspan(static_cast<std::size_t>(rank()) * per, state_.size());
+        std::copy(mine.begin(), mine.end(), state_.span().begin());
+      }
     } else {
       loaded->copy_blob("rank-0.optimizer.bin", state_.span());
     }
-    if constexpr (topk) {
+    if (topk && !dedicated_server_) {
       const std::span<float> mine = topk_->residual();
       buffer<float> all_residuals(mine.size() * static_cast<std::size_t>(world_size()));
       loaded->copy_blob("topk_residual.ranks.bin", all_residuals.span());
@@ -1351,9 +1511,14 @@ class trainer {
   std::size_t adaptive_micro_batch_ = 0;  // the controller's choice for the next step; 0 = none yet
   std::uint64_t nonfinite_in_a_row_ = 0;
   std::size_t last_micro_batch_ = 0;
-  std::optional<parallel::ps_exchange> ps_{};           // parallel::data<parameter_server>
-  std::optional<parallel::topk_compressor> topk_{};     // compress::topk: the residual
-  std::vector<float> residual_backup_{};                // topk + mixed: put back on a skipped step
+  std::optional<parallel::ps_exchange> ps_{};        // parallel::data<parameter_server>
+  std::optional<parallel::topk_compressor> topk_{};  // compress::topk: the residual
+  std::vector<float> residual_backup_{};
+  bool dedicated_ = false;         // parameter_server with dedicated_parameter_servers
+  bool dedicated_server_ = false;  // ... and this rank is one of the servers
+  bool pending_finite_ = true;     // dedicated: the workers' decision for the step being pushed
+  std::optional<comm::any_comm> world_{};  // dedicated: every rank (comm_ spans this rank's role)
+                                           // // topk + mixed: put back on a skipped step
   std::vector<std::int32_t> topk_mine_{}, topk_all_{};  // topk by all-gather: the pairs
 };
 

@@ -394,6 +394,113 @@ TEST_CASE("a skipped fp16 step keeps the top-k residual") {
   CHECK(records[0].summary.test_accuracy > 0.85);
 }
 
+TEST_CASE("the exchange with dedicated servers averages the workers' shards") {
+  // Ranks 0 and 1 train, ranks 2 and 3 serve.
+  threads::run(4, [&](threads& c) {
+    const std::size_t n = 8;
+    par::ps_exchange ps(strata::comm::any_comm(c), n, 2, 2);
+    CHECK(ps.is_worker() == (c.rank() < 2));
+    CHECK(ps.server_index() == (c.rank() < 2 ? -1 : c.rank() - 2));
+    std::vector<float> grads(n, 0.0f);
+    if (ps.is_worker()) {
+      for (std::size_t i = 0; i < n; ++i) {
+        grads[i] = static_cast<float>(i) + 4.0f * static_cast<float>(c.rank());
+      }
+    }
+    ps.push(grads);
+    std::vector<float> values(n, -1.0f);
+    if (ps.is_server()) {
+      const std::size_t b = ps.shard_begin(ps.server_index());
+      for (std::size_t i = b; i < b + ps.shard_size(); ++i) {
+        CHECK(grads[i] == doctest::Approx(static_cast<float>(i) + 2.0f));  // mean of +0, +4
+        values[i] = -grads[i];
+      }
+    }
+    ps.pull(values);
+    if (ps.is_worker()) {
+      for (std::size_t i = 0; i < n; ++i) {
+        CHECK(values[i] == doctest::Approx(-(static_cast<float>(i) + 2.0f)));
+      }
+    }
+  });
+}
+
+TEST_CASE("dedicated parameter servers train like data<all_reduce> on the workers") {
+  auto cfg = base_config("dedicated-dense", 2);
+  cfg.optimizer = sc::optimizer_kind::adamw;
+  cfg.lr = 0.01;
+  const run_record dense = run_ranks<par::data<>>(2, cfg)[0];
+  for (const int servers : {1, 2}) {
+    INFO(servers, " dedicated servers");
+    auto pcfg = base_config("dedicated-" + std::to_string(servers), 2 + servers);
+    pcfg.batch_size_per_gpu = 32;  // per worker
+    pcfg.optimizer = sc::optimizer_kind::adamw;
+    pcfg.lr = 0.01;
+    pcfg.gradient_sync = sc::gradient_sync_kind::parameter_server;
+    pcfg.parameter_servers = servers;
+    pcfg.dedicated_parameter_servers = true;
+    std::vector<run_record> records(static_cast<std::size_t>(2 + servers));
+    threads::run(2 + servers, [&](threads& c) {
+      st::trainer<model_t, par::data<par::parameter_server>> t(
+          strata::test::blobs_mlp(), pcfg, strata::comm::any_comm(c), {.print_progress = false});
+      records[static_cast<std::size_t>(c.rank())] = record(t);
+    });
+    const run_record& worker = records[0];
+    CHECK(records[1].params == worker.params);
+    REQUIRE(worker.steps.size() == dense.steps.size());
+    for (std::size_t i = 0; i < dense.steps.size(); ++i) {
+      CHECK(worker.steps[i].loss == doctest::Approx(dense.steps[i].loss).epsilon(1e-5));
+      CHECK(worker.steps[i].samples == dense.steps[i].samples);
+    }
+    CHECK(worst_difference(worker.params, dense.params) < 1e-5);
+    // The servers trained no samples, applied every step, and report no accuracy.
+    CHECK(records[2].steps.empty());
+    CHECK(records[2].summary.steps == worker.summary.steps);
+  }
+}
+
+TEST_CASE("dedicated servers: top-k, fp16 skips and a stopped and resumed run") {
+  auto cfg = base_config("dedicated-straight", 3);
+  cfg.batch_size_per_gpu = 32;
+  cfg.gradient_sync = sc::gradient_sync_kind::parameter_server;
+  cfg.gradient_compression = sc::compression_kind::topk;
+  cfg.topk_ratio = 0.2;
+  cfg.parameter_servers = 1;
+  cfg.dedicated_parameter_servers = true;
+  cfg.mixed_precision_dtype = sc::precision_dtype::float16;
+  cfg.loss_scale_initial = 16777216.0;  // 2^24: the first steps overflow and are skipped
+  cfg.optimizer = sc::optimizer_kind::adamw;
+  cfg.lr = 0.01;
+  using policy = par::data<par::parameter_server, par::compress::topk>;
+  const auto straight = run_ranks<policy, sp::fp16>(3, cfg);
+  // The same job with the server co-located on rank 0 of 2 ranks: the same numbers.
+  auto colocated = cfg;
+  colocated.world_size = 2;
+  colocated.dedicated_parameter_servers = false;
+  colocated.checkpoint_dir += "-colocated";
+  fs::remove_all(colocated.checkpoint_dir);
+  const auto same = run_ranks<policy, sp::fp16>(2, colocated);
+  check_same_training(straight[0], same[0], 1e-6);
+  CHECK(straight[0].summary.test_accuracy == same[0].summary.test_accuracy);
+  std::size_t skipped = 0;
+  for (std::size_t i = 0; i < same[0].steps.size(); ++i) {
+    CHECK(straight[0].steps[i].skipped == same[0].steps[i].skipped);
+    skipped += same[0].steps[i].skipped ? 1 : 0;
+  }
+  CHECK(skipped > 0);
+  CHECK_FALSE(same[0].steps.back().skipped);
+  auto split = cfg;
+  split.checkpoint_dir =
+      (fs::path(STRATA_TEST_WORK_DIR) / "parameter_server" / "dedicated-split").string();
+  fs::remove_all(split.checkpoint_dir);
+  split.max_steps = 9;
+  run_ranks<policy, sp::fp16>(3, split);
+  split.max_steps = 0;
+  const auto resumed = run_ranks<policy, sp::fp16>(3, split);
+  CHECK_FALSE(resumed[0].summary.resumed_from.empty());
+  CHECK(resumed[0].summary.params_xxh3 == straight[0].summary.params_xxh3);
+}
+
 TEST_CASE("parameter-server and top-k keys must match the policy") {
   auto cfg = base_config("keys", 2);
   cfg.parameter_servers = 1;
@@ -428,6 +535,26 @@ TEST_CASE("parameter-server and top-k keys must match the policy") {
             strata::test::blobs_mlp(), cfg, strata::comm::any_comm(c), {.print_progress = false})),
         doctest::Contains("gradient_sync = all_gather"), strata::config_error);
   });
+  cfg.gradient_compression = sc::compression_kind::none;
+  cfg.topk_ratio = sc::train_config{}.topk_ratio;
+  cfg.gradient_sync = sc::gradient_sync_kind::parameter_server;
+  cfg.dedicated_parameter_servers = true;
+  threads::run(2, [&](threads& c) {
+    CHECK_THROWS_WITH_AS(
+        (st::trainer<model_t, par::data<par::parameter_server>>(
+            strata::test::blobs_mlp(), cfg, strata::comm::any_comm(c), {.print_progress = false})),
+        doctest::Contains("dedicated_parameter_servers needs 1 .. world_size - 1 servers"),
+        strata::config_error);
+  });
+  cfg.gradient_sync = sc::gradient_sync_kind::all_reduce;
+  threads::run(2, [&](threads& c) {
+    CHECK_THROWS_WITH_AS(
+        (st::trainer<model_t, par::data<>>(strata::test::blobs_mlp(), cfg,
+                                           strata::comm::any_comm(c), {.print_progress = false})),
+        doctest::Contains("dedicated_parameter_servers configures"), strata::config_error);
+  });
+  cfg.dedicated_parameter_servers = false;
+  cfg.gradient_compression = sc::compression_kind::topk;
   // Config validation: top-k needs a transport that can carry it.
   cfg.gradient_sync = sc::gradient_sync_kind::all_reduce;
   CHECK_THROWS_WITH_AS(strata::config::validate(cfg), doctest::Contains("use all_gather"),
