@@ -86,59 +86,102 @@ class topk_compressor {
                                   std::to_string(residual_.size()));
     }
     const std::size_t n = grads.size();
-    for (std::size_t i = 0; i < n; ++i) {
-      grads[i] += scale * residual_[i];
-    }
     pairs.reserve(pairs.size() + 2 * k_);
     auto take = [&](std::size_t i) {
       pairs.push_back(static_cast<std::int32_t>(i));
       pairs.push_back(std::bit_cast<std::int32_t>(grads[i]));
       residual_[i] = 0.0f;
     };
-    auto keep = [&](std::size_t i) { residual_[i] = grads[i] / scale; };
     if (k_ == n) {
       for (std::size_t i = 0; i < n; ++i) {
+        grads[i] += scale * residual_[i];
         take(i);
       }
       return;
     }
-    // The k-th largest magnitude: entries above it are taken, entries equal to it by lowest
-    // index until k are.
     magnitude_.resize(n);
     for (std::size_t i = 0; i < n; ++i) {
+      grads[i] += scale * residual_[i];
       magnitude_[i] = key(grads[i]);
     }
-    std::nth_element(magnitude_.begin(), magnitude_.begin() + static_cast<std::ptrdiff_t>(k_ - 1),
-                     magnitude_.end(), std::greater<float>());
-    const float threshold = magnitude_[k_ - 1];
+    // The k-th largest magnitude: entries above it are taken, entries equal to it by lowest
+    // index until k are. Found among the candidates above a bound estimated from an evenly
+    // spaced sample (about 1.5 k of them), or among all entries when the bound leaves fewer
+    // than k: the result is the same either way.
+    const float threshold = kth_largest();
     std::size_t above = 0;
-    for (std::size_t i = 0; i < n; ++i) {
-      above += key(grads[i]) > threshold ? 1 : 0;
+    for (const float m : candidates_) {
+      above += m > threshold ? 1 : 0;
     }
     std::size_t equal_quota = k_ - above;
+    // Everything into the residual first (one vectorisable pass), then the chosen out of it.
+    if (scale == 1.0f) {
+      std::copy(grads.begin(), grads.end(), residual_.begin());
+    } else {
+      for (std::size_t i = 0; i < n; ++i) {
+        residual_[i] = grads[i] / scale;
+      }
+    }
     for (std::size_t i = 0; i < n; ++i) {
-      const float m = key(grads[i]);
-      if (m > threshold || (m == threshold && equal_quota > 0)) {
-        if (m == threshold) {
+      const float m = magnitude_[i];
+      if (m >= threshold) {
+        if (m > threshold) {
+          take(i);
+        } else if (equal_quota > 0) {
           --equal_quota;
+          take(i);
         }
-        take(i);
-      } else {
-        keep(i);
       }
     }
   }
 
  private:
+  // The k-th largest of magnitude_; leaves in candidates_ every magnitude at or above it.
+  float kth_largest() {
+    const std::size_t n = magnitude_.size();
+    constexpr std::size_t sample_size = 65536;
+    if (n >= 4 * sample_size && k_ * 8 < n) {
+      sample_.resize(sample_size);
+      const std::size_t stride = n / sample_size;
+      for (std::size_t j = 0; j < sample_size; ++j) {
+        sample_[j] = magnitude_[j * stride];
+      }
+      // The sample's r-th largest, r about 1.5 times the share k / n of the sample.
+      const std::size_t r = std::min(sample_size - 1, k_ * sample_size * 3 / (2 * n) + 16);
+      std::nth_element(sample_.begin(), sample_.begin() + static_cast<std::ptrdiff_t>(r),
+                       sample_.end(), std::greater<float>());
+      const float bound = sample_[r];
+      candidates_.clear();
+      for (const float m : magnitude_) {
+        if (m >= bound) {
+          candidates_.push_back(m);
+        }
+      }
+      if (candidates_.size() >= k_) {
+        std::nth_element(candidates_.begin(),
+                         candidates_.begin() + static_cast<std::ptrdiff_t>(k_ - 1),
+                         candidates_.end(), std::greater<float>());
+        return candidates_[k_ - 1];
+      }
+    }
+    candidates_.assign(magnitude_.begin(), magnitude_.end());
+    std::nth_element(candidates_.begin(), candidates_.begin() + static_cast<std::ptrdiff_t>(k_ - 1),
+                     candidates_.end(), std::greater<float>());
+    return candidates_[k_ - 1];
+  }
+
   // The ordering key: the magnitude, NaN as infinity.
   static float key(float v) noexcept {
-    return std::isnan(v) ? std::numeric_limits<float>::infinity() : std::fabs(v);
+    const float m = std::fabs(v);
+    return m == m ? m : std::numeric_limits<float>::infinity();
   }
 
   std::vector<float> residual_{};
   std::size_t k_ = 0;
   double ratio_ = 0.0;
-  std::vector<float> magnitude_{};
+  std::vector<float> magnitude_{};   // the corrected gradients' ordering keys
+  std::vector<float> sample_{};      // the evenly spaced sample of them
+  std::vector<float> candidates_{};  // those at or above the sample's bound
 };
 
 // Adds (index, value bits) pairs into `dense` (`dense` covers indices [first, first + size)).

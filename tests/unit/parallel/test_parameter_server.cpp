@@ -129,6 +129,57 @@ TEST_CASE("top-k selects the largest magnitudes and keeps the rest as residual")
   CHECK(std::all_of(tk.residual().begin(), tk.residual().end(), [](float r) { return r == 0; }));
 }
 
+namespace {
+
+// The top-k of `g` by a full stable sort: (index, value) pairs in index order.
+std::vector<std::int32_t> reference_topk(const std::vector<float>& g, std::size_t k) {
+  std::vector<std::size_t> order(g.size());
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  std::stable_sort(order.begin(), order.end(),
+                   [&](std::size_t a, std::size_t b) { return std::abs(g[a]) > std::abs(g[b]); });
+  order.resize(k);
+  std::sort(order.begin(), order.end());
+  std::vector<std::int32_t> pairs;
+  for (const std::size_t i : order) {
+    pairs.push_back(static_cast<std::int32_t>(i));
+    pairs.push_back(std::bit_cast<std::int32_t>(g[i]));
+  }
+  return pairs;
+}
+
+}  // namespace
+
+TEST_CASE("top-k on large gradients equals a full sort (sampled bound and its fallback)") {
+  const std::size_t n = 300000;
+  const std::size_t k = 3000;  // 1%
+  std::vector<float> g(n);
+  // Quantised values: many ties in magnitude, both signs.
+  std::uint64_t x = 12345;
+  for (auto& v : g) {
+    x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+    v = static_cast<float>(static_cast<int>((x >> 33) % 20001) - 10000) / 64.0f;
+  }
+  par::topk_compressor tk(n, 0.01);
+  REQUIRE(tk.k() == k);
+  std::vector<std::int32_t> pairs;
+  std::vector<float> work = g;
+  tk.select(work, 1.0f, pairs);
+  CHECK(pairs == reference_topk(g, k));
+
+  // Large values only at the sample's positions (every n / 65536-th entry), so that the sampled
+  // bound leaves fewer than k candidates and the full search decides.
+  std::vector<float> h(n, 0.5f);
+  const std::size_t stride = n / 65536;
+  for (std::size_t j = 0; j < 65536; ++j) {
+    h[j * stride] = 100.0f + static_cast<float>(j % 5000);
+  }
+  par::topk_compressor fresh(n, 0.01);
+  pairs.clear();
+  work = h;
+  fresh.select(work, 1.0f, pairs);
+  CHECK(pairs == reference_topk(h, k));
+}
+
 TEST_CASE("top-k keeps the residual unscaled and sends NaN first") {
   par::topk_compressor tk(4, 0.25);              // k = 1
   std::vector<float> g{8.0f, 4.0f, 2.0f, 1.0f};  // carrying a loss scale of 4
