@@ -255,3 +255,32 @@ TEST_CASE("the hierarchical all-reduce over MPI trains like one process") {
     cfg.hierarchy_group_size = 2;  // 2 processes: one group; 4: two groups of 2
   });
 }
+
+TEST_CASE("the asynchronous parameter server over MPI keeps its staleness bound and learns") {
+  namespace par = strata::parallel;
+  auto comm = mpi::world();
+  const int ranks = comm.size();
+  const int rank = comm.rank();
+  auto cfg = base_config("ps-async", rank);
+  comm.barrier();
+  cfg.world_size = ranks;
+  cfg.communication_backend = strata::config::comm_backend_kind::mpi;
+  cfg.gradient_sync = strata::config::gradient_sync_kind::parameter_server;
+  cfg.parameter_servers = ranks / 2;
+  cfg.dedicated_parameter_servers = true;
+  cfg.parameter_server_async = true;
+  cfg.parameter_server_staleness = 1;
+  cfg.batch_size_per_gpu = 64 / (ranks / 2);
+  cfg.momentum = 0.0;
+  cfg.weight_decay = 0.0;
+  st::trainer<model_t, par::data<par::parameter_server>> t(
+      small_model(), cfg, strata::comm::any_comm(comm), {.print_progress = false});
+  const st::fit_summary s =
+      t.fit(blobs{}, sd::identity{}, blobs{.n = 256, .salt = 1}, sd::identity{});
+  if (rank < ranks / 2) {
+    CHECK(s.test_accuracy > 0.7);
+  } else {
+    CHECK(t.parameter_server_max_lead() <= 1);
+    CHECK(s.steps == 16);  // 2 epochs of 512 / 64
+  }
+}

@@ -162,9 +162,11 @@ struct train_config {
   std::int64_t bucket_size_mb = 25;
   compression_kind gradient_compression = compression_kind::none;
   double topk_ratio = 0.01;
-  std::int64_t hierarchy_group_size = 0;     // gradient_sync = hierarchical; 0 = automatic
-  std::int64_t parameter_servers = 0;        // gradient_sync = parameter_server; 0 = every rank
-  bool dedicated_parameter_servers = false;  // the servers are the last ranks and do not train
+  std::int64_t hierarchy_group_size = 0;        // gradient_sync = hierarchical; 0 = automatic
+  std::int64_t parameter_servers = 0;           // gradient_sync = parameter_server; 0 = every rank
+  bool dedicated_parameter_servers = false;     // the servers are the last ranks and do not train
+  bool parameter_server_async = false;          // dedicated servers apply each push as it comes
+  std::int64_t parameter_server_staleness = 0;  // async: steps the fastest worker may lead by
 
   // Memory and batch adaptation.
   std::int64_t activation_checkpoint_every = 0;  // segments of k layers recomputed; 0 = off
@@ -324,6 +326,12 @@ constexpr void visit_keys(Visitor&& v) {
   v(bool_key{"dedicated_parameter_servers", &c::dedicated_parameter_servers,
              "The parameter servers are the last parameter_servers ranks and only serve; the "
              "other ranks train."});
+  v(bool_key{"parameter_server_async", &c::parameter_server_async,
+             "Dedicated parameter servers apply each worker's gradient as it arrives "
+             "(asynchronous SGD, bounded staleness) instead of averaging every step."});
+  v(int_key{"parameter_server_staleness", &c::parameter_server_staleness, 0, 1 << 20,
+            "Asynchronous parameter server: how many steps the fastest worker may run ahead of "
+            "the slowest."});
   // Memory and batch adaptation.
   v(int_key{"activation_checkpoint_every", &c::activation_checkpoint_every, 0, 1 << 20,
             "Activation checkpointing: keep one output per k layers, recompute the rest in "

@@ -31,6 +31,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -228,6 +229,7 @@ class trainer {
     params_.initialize(static_cast<std::uint64_t>(cfg_.seed));
     if constexpr (ps) {
       dedicated_ = cfg_.dedicated_parameter_servers;
+      async_ = dedicated_ && cfg_.parameter_server_async;
       dedicated_server_ =
           dedicated_ && comm_->rank() >= comm_->size() - state_shards(cfg_, comm_->size());
     }
@@ -299,6 +301,10 @@ class trainer {
     }
   }
   std::uint64_t skipped_steps() const noexcept { return skipped_steps_; }
+
+  // An asynchronous parameter server: the most steps a worker was let lead the slowest by (at
+  // most parameter_server_staleness); 0 elsewhere.
+  std::uint64_t parameter_server_max_lead() const noexcept { return max_lead_; }
 
   // compress::topk: this rank's error-feedback residual (unscaled; what was not sent yet).
   std::span<const float> topk_residual() const noexcept requires topk {
@@ -479,7 +485,8 @@ class trainer {
                 }
                 pending_finite_ = finite;
                 send = finite;
-                if (send && rank() == 0) {
+                if (send && (async_ || rank() == 0)) {
+                  // Asynchronous: every worker announces its own push.
                   send_to_servers(server_command::step, lr, scale);
                 }
               }
@@ -508,12 +515,16 @@ class trainer {
             round_through(compute_params().grads(), compute_dtype);  // the average, stored in T
           }
           // The step's loss, accuracy and samples over every rank.
-          double totals[3] = {loss.loss_sum, static_cast<double>(loss.correct),
-                              static_cast<double>(step_samples)};
-          comm_->all_reduce(totals, totals, 3, dtype::float64, comm::reduce_op::sum);
-          loss.loss_sum = totals[0];
-          loss.correct = static_cast<std::size_t>(totals[1]);
-          global_samples = static_cast<std::size_t>(totals[2]);
+          // (Asynchronous parameter server: this worker's own, the workers do not wait for
+          // each other.)
+          if (!async_) {
+            double totals[3] = {loss.loss_sum, static_cast<double>(loss.correct),
+                                static_cast<double>(step_samples)};
+            comm_->all_reduce(totals, totals, 3, dtype::float64, comm::reduce_op::sum);
+            loss.loss_sum = totals[0];
+            loss.correct = static_cast<std::size_t>(totals[1]);
+            global_samples = static_cast<std::size_t>(totals[2]);
+          }
           comm_seconds = seconds_since(comm_begin);
         }
         const auto update_begin = clock::now();
@@ -613,7 +624,7 @@ class trainer {
     summary.wall_seconds = seconds_since(fit_begin);
     summary.params_xxh3 = xxh3_hex(params_.values());
     if constexpr (ps) {
-      if (dedicated_ && rank() == 0) {
+      if (dedicated_ && (async_ || rank() == 0)) {
         send_to_servers(server_command::finish, 0.0, 1.0);
       }
     }
@@ -906,6 +917,34 @@ class trainer {
                "trainer's parallel policy is " +
                    std::string(parallel_policy::name));
       }
+      if (!ps && (cfg_.parameter_server_async ||
+                  cfg_.parameter_server_staleness != d.parameter_server_staleness)) {
+        refuse(
+            cfg_.parameter_server_async ? "parameter_server_async" : "parameter_server_staleness",
+            "the asynchronous parameter server needs parallel::data<parallel::parameter_server>; "
+            "the trainer's parallel policy is " +
+                std::string(parallel_policy::name));
+      }
+      if (ps && cfg_.parameter_server_async) {
+        if (!cfg_.dedicated_parameter_servers) {
+          refuse("parameter_server_async",
+                 "parameter_server_async needs dedicated_parameter_servers = true (a co-located "
+                 "server would stop serving while its rank trains)");
+        }
+        if (mixed) {
+          refuse("mixed_precision_dtype",
+                 "the asynchronous parameter server runs float32 gradients only in this version");
+        }
+        if (topk) {
+          refuse("gradient_compression",
+                 "the asynchronous parameter server runs dense gradients only in this version");
+        }
+      }
+      if (ps && !cfg_.parameter_server_async &&
+          cfg_.parameter_server_staleness != d.parameter_server_staleness) {
+        refuse("parameter_server_staleness",
+               "parameter_server_staleness configures parameter_server_async = true");
+      }
       if (!ps && cfg_.dedicated_parameter_servers) {
         refuse("dedicated_parameter_servers",
                "dedicated_parameter_servers configures parallel::data<parallel::parameter_server>; "
@@ -1183,7 +1222,7 @@ class trainer {
   // One optimizer update per parameter tensor at rate lr. Sharded: per piece of a tensor inside
   // this rank's shard, with the shard's state (laid out by offset within the shard), then an
   // all-gather of every rank's updated shard.
-  void apply_update(double lr) {
+  void apply_update(double lr, bool exchange = true) {
     optimizer_.begin_step();
     const std::size_t per = optimizer_.state_per_parameter();
     const std::span<float> values = params_.values();
@@ -1203,6 +1242,9 @@ class trainer {
                          .state = state.subspan((lo - first) * per, n * per),
                          .lr = lr,
                          .weight_decay = e.spec.weight_decay});
+    }
+    if (!exchange) {
+      return;
     }
     if constexpr (sharded) {
       comm_->all_gather(values.data() + first, values.data(), shard_size(), dtype::float32);
@@ -1282,6 +1324,135 @@ class trainer {
     }
   }
 
+  // Dedicated servers, worker 0 at a checkpoint: every server's optimizer shard, in server
+  // order; asynchronous, also the parameters as the servers hold them (into params_).
+  buffer<float> gather_server_state() {
+    const int shards = state_shards(cfg_, world_size());
+    const std::size_t per = shard_size_of_server() * optimizer_.state_per_parameter();
+    buffer<float> all(per * static_cast<std::size_t>(shards));
+    send_to_servers(server_command::save, 0.0, 1.0);
+    for (int s = 0; s < shards; ++s) {
+      world_->recv(all.data() + static_cast<std::size_t>(s) * per, per, dtype::float32,
+                   ps_->server_rank(s), state_gather_tag);
+      if (async_) {
+        world_->recv(params_.values().data() + ps_->shard_begin(s), ps_->shard_size(),
+                     dtype::float32, ps_->server_rank(s), parallel::ps_exchange::tag_base + 3);
+      }
+    }
+    return all;
+  }
+
+  // The asynchronous server: each worker's push is applied as it arrives (its gradient divided
+  // by the number of workers, one optimizer update), and the worker gets the shard back as soon
+  // as it leads the slowest worker by at most parameter_server_staleness steps. A checkpoint
+  // waits until every worker has pushed as many steps as worker 0.
+  void serve_async() {
+    const int workers = ps_->workers();
+    const auto w_count = static_cast<std::size_t>(workers);
+    const std::size_t shard = shard_size();
+    const std::size_t first = shard_begin();
+    const auto staleness = static_cast<std::uint64_t>(cfg_.parameter_server_staleness);
+    enum class phase { command, gradient, reply, save };
+    std::vector<std::int64_t> commands(4 * w_count);
+    std::vector<comm::any_comm::request> pending(w_count);
+    std::vector<phase> at(w_count, phase::command);
+    std::vector<std::uint64_t> pushed(w_count, 0);
+    std::vector<char> finished(w_count, 0);
+    std::vector<float> incoming(w_count * shard);
+    // Each reply travels from its own copy: the shard changes with the next push while a send
+    // may still be reading.
+    std::vector<float> outgoing(w_count * shard);
+    std::vector<comm::any_comm::request> replies(w_count);
+    auto expect_command = [&](std::size_t w) {
+      pending[w] = world_->recv_async(&commands[4 * w], 4, dtype::int64, static_cast<int>(w),
+                                      server_command_tag);
+      at[w] = phase::command;
+    };
+    for (std::size_t w = 0; w < w_count; ++w) {
+      expect_command(w);
+    }
+    std::size_t done = 0;
+    const std::span<float> values = params_.values();
+    const std::span<float> grads = params_.grads();
+    while (done < w_count) {
+      bool progress = false;
+      for (std::size_t w = 0; w < w_count; ++w) {
+        if (finished[w] != 0) {
+          continue;
+        }
+        if (at[w] == phase::command && pending[w].test()) {
+          progress = true;
+          const auto command = static_cast<server_command>(commands[4 * w]);
+          if (command == server_command::finish) {
+            finished[w] = 1;
+            ++done;
+            continue;
+          }
+          if (command == server_command::save) {
+            at[w] = phase::save;
+            continue;
+          }
+          if (command != server_command::step) {
+            throw error("parameter server " + std::to_string(rank()) + ": unknown command " +
+                        std::to_string(commands[4 * w]) + " from worker " + std::to_string(w));
+          }
+          pending[w] = world_->recv_async(incoming.data() + w * shard, shard, dtype::float32,
+                                          static_cast<int>(w), parallel::ps_exchange::tag_base);
+          at[w] = phase::gradient;
+        }
+        if (at[w] == phase::gradient && pending[w].test()) {
+          progress = true;
+          const auto n = static_cast<float>(workers);
+          for (std::size_t i = 0; i < shard; ++i) {
+            grads[first + i] = incoming[w * shard + i] / n;
+          }
+          apply_update(std::bit_cast<double>(commands[4 * w + 2]), false);
+          step_ = std::max(step_, static_cast<std::uint64_t>(commands[4 * w + 1]) + 1);
+          ++pushed[w];
+          at[w] = phase::reply;
+        }
+      }
+      std::uint64_t slowest = UINT64_MAX;
+      for (std::size_t w = 0; w < w_count; ++w) {
+        if (finished[w] == 0) {
+          slowest = std::min(slowest, pushed[w]);
+        }
+      }
+      for (std::size_t w = 0; w < w_count; ++w) {
+        if (finished[w] == 0 && at[w] == phase::reply && pushed[w] <= slowest + staleness) {
+          progress = true;
+          max_lead_ = std::max(max_lead_, pushed[w] - slowest);
+          replies[w].wait();  // the previous reply to w, which w has received
+          std::copy(values.begin() + static_cast<std::ptrdiff_t>(first),
+                    values.begin() + static_cast<std::ptrdiff_t>(first + shard),
+                    outgoing.begin() + static_cast<std::ptrdiff_t>(w * shard));
+          replies[w] = world_->send_async(outgoing.data() + w * shard, shard, dtype::float32,
+                                          static_cast<int>(w), parallel::ps_exchange::tag_base + 3);
+          expect_command(w);
+        }
+      }
+      if (finished[0] == 0 && at[0] == phase::save) {
+        bool caught_up = true;
+        for (std::size_t w = 1; w < w_count; ++w) {
+          caught_up = caught_up && (finished[w] != 0 || pushed[w] >= pushed[0]);
+        }
+        if (caught_up) {
+          progress = true;
+          world_->send(state_.data(), state_.size(), dtype::float32, 0, state_gather_tag);
+          world_->send(values.data() + first, shard, dtype::float32, 0,
+                       parallel::ps_exchange::tag_base + 3);
+          expect_command(0);
+        }
+      }
+      if (!progress) {
+        std::this_thread::sleep_for(std::chrono::microseconds(20));
+      }
+    }
+    for (auto& r : replies) {
+      r.wait();
+    }
+  }
+
   // A dedicated server's fit(): resume its shard when asked to, then apply each step's average
   // gradient to its shard and send the workers the new values, until worker 0 says finish.
   fit_summary serve() {
@@ -1300,7 +1471,10 @@ class trainer {
       }
     }
     const std::uint64_t start_step = step_;
-    for (;;) {
+    if (async_) {
+      serve_async();
+    }
+    while (!async_) {
       std::int64_t message[4] = {};
       world_->recv(message, 4, dtype::int64, 0, server_command_tag);
       const auto command = static_cast<server_command>(message[0]);
@@ -1351,6 +1525,12 @@ class trainer {
   }
 
   void save(checkpoint_store& store, std::uint64_t epoch, std::uint64_t next_batch, progress& bar) {
+    buffer<float> server_shards;  // dedicated servers: their optimizer state (and, when
+    if constexpr (ps) {           // asynchronous, the parameters as they hold them now)
+      if (dedicated_ && rank() == 0) {
+        server_shards = gather_server_state();
+      }
+    }
     // The position: `epoch` epochs done and `next_batch` batches of the next one (names
     // epoch-E or epoch-E-step-B).
     nlohmann::json state{
@@ -1391,13 +1571,7 @@ class trainer {
       const std::size_t per = shard_size_of_server() * optimizer_.state_per_parameter();
       if (dedicated_) {
         if (rank() == 0) {
-          all_shards = buffer<float>(per * static_cast<std::size_t>(shards));
-          send_to_servers(server_command::save, 0.0, 1.0);
-          for (int s = 0; s < shards; ++s) {
-            world_->recv(all_shards.data() + static_cast<std::size_t>(s) * per, per, dtype::float32,
-                         ps_->server_rank(s), state_gather_tag);
-          }
-          state_values = all_shards.span();
+          state_values = std::as_const(server_shards).span();
         }
       } else if (rank() == 0) {
         all_shards = buffer<float>(per * static_cast<std::size_t>(shards));
@@ -1517,6 +1691,8 @@ class trainer {
   bool dedicated_ = false;         // parameter_server with dedicated_parameter_servers
   bool dedicated_server_ = false;  // ... and this rank is one of the servers
   bool pending_finite_ = true;     // dedicated: the workers' decision for the step being pushed
+  bool async_ = false;             // dedicated and parameter_server_async
+  std::uint64_t max_lead_ = 0;     // async server: the most steps a worker led the slowest by
   std::optional<comm::any_comm> world_{};  // dedicated: every rank (comm_ spans this rank's role)
                                            // // topk + mixed: put back on a skipped step
   std::vector<std::int32_t> topk_mine_{}, topk_all_{};  // topk by all-gather: the pairs

@@ -14,6 +14,7 @@
 #include <mutex>
 #include <numeric>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "strata/comm/emulated.hpp"
@@ -552,6 +553,75 @@ TEST_CASE("dedicated servers: top-k, fp16 skips and a stopped and resumed run") 
   CHECK(resumed[0].summary.params_xxh3 == straight[0].summary.params_xxh3);
 }
 
+namespace {
+
+// 2 workers and 1 dedicated asynchronous server; returns every rank's record and the server's
+// largest observed lead. `slow` sleeps worker 1 that long after each of its steps.
+std::pair<std::vector<run_record>, std::uint64_t> run_async(const sc::train_config& cfg,
+                                                            std::chrono::milliseconds slow) {
+  std::vector<run_record> records(3);
+  std::uint64_t lead = 0;
+  threads::run(3, [&](threads& c) {
+    st::trainer<model_t, par::data<par::parameter_server>> t(
+        strata::test::blobs_mlp(), cfg, strata::comm::any_comm(c), {.print_progress = false});
+    if (c.rank() == 1 && slow.count() > 0) {
+      t.on_step([slow](const st::step_metrics&) { std::this_thread::sleep_for(slow); });
+    }
+    records[static_cast<std::size_t>(c.rank())] = record(t);
+    if (c.rank() == 2) {
+      lead = t.parameter_server_max_lead();
+    }
+  });
+  return {records, lead};
+}
+
+sc::train_config async_config(const std::string& name, std::int64_t staleness) {
+  auto cfg = base_config(name, 3);
+  cfg.batch_size_per_gpu = 32;  // per worker
+  cfg.momentum = 0.0;           // plain SGD: sequential updates add up to the averaged one
+  cfg.weight_decay = 0.0;
+  cfg.gradient_sync = sc::gradient_sync_kind::parameter_server;
+  cfg.parameter_servers = 1;
+  cfg.dedicated_parameter_servers = true;
+  cfg.parameter_server_async = true;
+  cfg.parameter_server_staleness = staleness;
+  return cfg;
+}
+
+}  // namespace
+
+TEST_CASE("the asynchronous server with staleness 0 trains like synchronous SGD") {
+  auto cfg = base_config("async-reference", 2);
+  cfg.momentum = 0.0;
+  cfg.weight_decay = 0.0;
+  const run_record sync = run_ranks<par::data<>>(2, cfg)[0];
+  const auto [records, lead] = run_async(async_config("async-0", 0), std::chrono::milliseconds(0));
+  CHECK(lead == 0);
+  for (int r = 0; r < 2; ++r) {
+    INFO("worker ", r);
+    REQUIRE(records[static_cast<std::size_t>(r)].steps.size() == sync.steps.size());
+    CHECK(worst_difference(records[static_cast<std::size_t>(r)].params, sync.params) < 1e-5);
+  }
+  CHECK(records[2].summary.steps == sync.summary.steps);
+}
+
+TEST_CASE("the asynchronous server lets a worker lead by at most the staleness bound") {
+  auto reference = base_config("async-2-reference", 2);
+  reference.momentum = 0.0;
+  reference.weight_decay = 0.0;
+  const run_record sync = run_ranks<par::data<>>(2, reference)[0];
+  // Worker 1 sleeps after every step: worker 0 runs ahead until the bound holds it.
+  const auto cfg = async_config("async-2", 2);
+  const auto [records, lead] = run_async(cfg, std::chrono::milliseconds(25));
+  CHECK(lead == 2);
+  CHECK(records[0].summary.test_accuracy > sync.summary.test_accuracy - 0.05);
+  CHECK(records[1].summary.test_accuracy > sync.summary.test_accuracy - 0.05);
+  // A later job resumes from the final checkpoint (worker 0 saved the servers' parameters).
+  const auto again = run_async(cfg, std::chrono::milliseconds(0));
+  CHECK_FALSE(again.first[0].summary.resumed_from.empty());
+  CHECK(again.first[0].summary.params_xxh3 == records[0].summary.params_xxh3);
+}
+
 TEST_CASE("parameter-server and top-k keys must match the policy") {
   auto cfg = base_config("keys", 2);
   cfg.parameter_servers = 1;
@@ -605,6 +675,25 @@ TEST_CASE("parameter-server and top-k keys must match the policy") {
         doctest::Contains("dedicated_parameter_servers configures"), strata::config_error);
   });
   cfg.dedicated_parameter_servers = false;
+  cfg.gradient_sync = sc::gradient_sync_kind::parameter_server;
+  cfg.parameter_server_async = true;
+  threads::run(2, [&](threads& c) {
+    CHECK_THROWS_WITH_AS(
+        (st::trainer<model_t, par::data<par::parameter_server>>(
+            strata::test::blobs_mlp(), cfg, strata::comm::any_comm(c), {.print_progress = false})),
+        doctest::Contains("parameter_server_async needs dedicated_parameter_servers"),
+        strata::config_error);
+  });
+  cfg.parameter_server_async = false;
+  cfg.parameter_server_staleness = 3;
+  threads::run(2, [&](threads& c) {
+    CHECK_THROWS_WITH_AS(
+        (st::trainer<model_t, par::data<par::parameter_server>>(
+            strata::test::blobs_mlp(), cfg, strata::comm::any_comm(c), {.print_progress = false})),
+        doctest::Contains("parameter_server_staleness configures"), strata::config_error);
+  });
+  cfg.parameter_server_staleness = 0;
+  cfg.gradient_sync = sc::gradient_sync_kind::all_reduce;
   cfg.gradient_compression = sc::compression_kind::topk;
   // Config validation: top-k needs a transport that can carry it.
   cfg.gradient_sync = sc::gradient_sync_kind::all_reduce;
