@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// parallel::data over Open MPI: N processes with B/N samples each train like one process with B
-// (computed in every process as the reference), every rank ends with the same parameters, and
-// checkpoints written by rank 0 resume on every rank.
+// The data-parallel policies over Open MPI (all-reduce, zero1, parameter server co-located,
+// dedicated and asynchronous, top-k, hierarchical): N processes with B/N samples each train like
+// one process with B (computed in every process as the reference), every rank ends with the same
+// parameters, and checkpoints written by rank 0 resume on every rank.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -54,102 +55,6 @@ strata::config::train_config base_config(const std::string& name, int rank) {
   cfg.warmup_epochs = 0.5;
   return cfg;
 }
-
-}  // namespace
-
-TEST_CASE("N processes with B/N samples each train like one process with B") {
-  auto comm = mpi::world();
-  const int ranks = comm.size();
-  const int rank = comm.rank();
-  REQUIRE(64 % ranks == 0);
-
-  // The reference, in every process: one rank, batch 64.
-  auto one_cfg = base_config("reference-" + std::to_string(rank), 0);
-  one_cfg.batch_size_per_gpu = 64;
-  std::vector<double> one_losses;
-  st::trainer<model_t> one(small_model(), one_cfg, {.print_progress = false});
-  one.on_step([&](const st::step_metrics& m) { one_losses.push_back(m.loss); });
-  one.fit(blobs{}, sd::identity{}, blobs{.n = 256, .salt = 1}, sd::identity{});
-
-  auto cfg = base_config("parallel", rank);
-  comm.barrier();  // rank 0 made the directory
-  cfg.world_size = ranks;
-  cfg.communication_backend = strata::config::comm_backend_kind::mpi;
-  cfg.batch_size_per_gpu = 64 / ranks;
-  std::vector<double> losses;
-  st::trainer<model_t, strata::parallel::data<>> t(small_model(), cfg, strata::comm::any_comm(comm),
-                                                   {.print_progress = false});
-  t.on_step([&](const st::step_metrics& m) { losses.push_back(m.loss); });
-  const st::fit_summary s =
-      t.fit(blobs{}, sd::identity{}, blobs{.n = 256, .salt = 1}, sd::identity{});
-  REQUIRE(losses.size() == one_losses.size());
-  for (std::size_t i = 0; i < losses.size(); ++i) {
-    CHECK(losses[i] == doctest::Approx(one_losses[i]).epsilon(1e-5));
-  }
-  double worst = 0.0;
-  for (std::size_t i = 0; i < t.params().size(); ++i) {
-    worst = std::max(
-        worst, static_cast<double>(std::abs(t.params().values()[i] - one.params().values()[i])));
-  }
-  CHECK(worst < 1e-4);
-  // Every rank holds rank 0's parameters, bit for bit.
-  std::vector<float> root(t.params().values().begin(), t.params().values().end());
-  comm.broadcast(root.data(), root.size(), strata::dtype::float32, 0);
-  CHECK(std::equal(root.begin(), root.end(), t.params().values().begin()));
-
-  // A second job of the same configuration resumes from rank 0's final checkpoint on every rank.
-  st::trainer<model_t, strata::parallel::data<>> again(
-      small_model(), cfg, strata::comm::any_comm(comm), {.print_progress = false});
-  const st::fit_summary r =
-      again.fit(blobs{}, sd::identity{}, blobs{.n = 256, .salt = 1}, sd::identity{});
-  CHECK_FALSE(r.resumed_from.empty());
-  CHECK(r.params_xxh3 == s.params_xxh3);
-}
-
-TEST_CASE("zero1 over MPI trains like one process and holds 1/N of the optimizer state") {
-  auto comm = mpi::world();
-  const int ranks = comm.size();
-  const int rank = comm.rank();
-  auto one_cfg = base_config("zero1-reference-" + std::to_string(rank), 0);
-  one_cfg.batch_size_per_gpu = 64;
-  one_cfg.optimizer = strata::config::optimizer_kind::adamw;
-  one_cfg.lr = 0.01;
-  std::vector<double> one_losses;
-  st::trainer<model_t> one(small_model(), one_cfg, {.print_progress = false});
-  one.on_step([&](const st::step_metrics& m) { one_losses.push_back(m.loss); });
-  one.fit(blobs{}, sd::identity{}, blobs{.n = 256, .salt = 1}, sd::identity{});
-
-  auto cfg = base_config("zero1", rank);
-  comm.barrier();
-  cfg.world_size = ranks;
-  cfg.communication_backend = strata::config::comm_backend_kind::mpi;
-  cfg.batch_size_per_gpu = 64 / ranks;
-  cfg.optimizer = strata::config::optimizer_kind::adamw;
-  cfg.lr = 0.01;
-  std::vector<double> losses;
-  const std::size_t before = strata::host{}.memory().stats().in_use;
-  st::trainer<model_t, strata::parallel::zero1> t(small_model(), cfg, strata::comm::any_comm(comm),
-                                                  {.print_progress = false});
-  const std::size_t held = strata::host{}.memory().stats().in_use - before;
-  CHECK(held == st::estimate_memory(
-                    small_model(), 1,
-                    {.optimizer_state_per_parameter = 2, .shards = static_cast<std::size_t>(ranks)})
-                    .model_state());
-  t.on_step([&](const st::step_metrics& m) { losses.push_back(m.loss); });
-  t.fit(blobs{}, sd::identity{}, blobs{.n = 256, .salt = 1}, sd::identity{});
-  REQUIRE(losses.size() == one_losses.size());
-  for (std::size_t i = 0; i < losses.size(); ++i) {
-    CHECK(losses[i] == doctest::Approx(one_losses[i]).epsilon(1e-5));
-  }
-  double worst = 0.0;
-  for (std::size_t i = 0; i < one.params().size(); ++i) {
-    worst = std::max(
-        worst, static_cast<double>(std::abs(t.params().values()[i] - one.params().values()[i])));
-  }
-  CHECK(worst < 1e-4);
-}
-
-namespace {
 
 // Trains one process as the reference (batch 64) and the job with `Policy` (64 / N each, `cfg`
 // adjusted by `adjust`); checks the losses and parameters against the reference and that every
@@ -213,6 +118,31 @@ void check_against_one_process(const std::string& name, Adjust adjust) {
 }
 
 }  // namespace
+
+TEST_CASE("N processes with B/N samples each train like one process with B") {
+  check_against_one_process<strata::parallel::data<>>("parallel", [](auto&) {});
+}
+
+TEST_CASE("zero1 over MPI trains like one process and holds 1/N of the optimizer state") {
+  check_against_one_process<strata::parallel::zero1>("zero1", [](auto&) {});
+  // What a rank's trainer allocates: all parameters and gradients, 1/N of AdamW's moments.
+  auto comm = mpi::world();
+  const int ranks = comm.size();
+  auto cfg = base_config("zero1-memory", comm.rank());
+  comm.barrier();
+  cfg.world_size = ranks;
+  cfg.communication_backend = strata::config::comm_backend_kind::mpi;
+  cfg.batch_size_per_gpu = 64 / ranks;
+  cfg.optimizer = strata::config::optimizer_kind::adamw;
+  const std::size_t before = strata::host{}.memory().stats().in_use;
+  st::trainer<model_t, strata::parallel::zero1> t(small_model(), cfg, strata::comm::any_comm(comm),
+                                                  {.print_progress = false});
+  const std::size_t held = strata::host{}.memory().stats().in_use - before;
+  CHECK(held == st::estimate_memory(
+                    small_model(), 1,
+                    {.optimizer_state_per_parameter = 2, .shards = static_cast<std::size_t>(ranks)})
+                    .model_state());
+}
 
 TEST_CASE("the parameter server over MPI trains like one process") {
   namespace par = strata::parallel;
