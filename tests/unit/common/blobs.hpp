@@ -10,10 +10,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <type_traits>
 #include <vector>
 
 #include <doctest/doctest.h>
 
+#include "strata/comm/any_comm.hpp"
+#include "strata/comm/threads.hpp"
 #include "strata/core/rng.hpp"
 #include "strata/core/shape.hpp"
 #include "strata/data/concepts.hpp"
@@ -83,6 +86,30 @@ inline void check_same_training(const run_record& a, const run_record& b,
     worst = std::max(worst, static_cast<double>(std::abs(a.params[i] - b.params[i])));
   }
   CHECK(worst < param_tolerance);
+}
+
+// Runs `ranks` thread ranks of trainer<Model, Policy, Extra...> on make_model() and `cfg`
+// (setup(trainer) first, when given); returns every rank's record. `same_params`: check that
+// every rank ended with rank 0's parameters, bit for bit.
+template <class Policy, class... Extra, class MakeModel, class Setup = std::nullptr_t>
+std::vector<run_record> run_thread_ranks(int ranks, const config::train_config& cfg,
+                                         MakeModel make_model, Setup setup = nullptr,
+                                         bool same_params = true) {
+  using model_type = std::invoke_result_t<MakeModel&>;
+  std::vector<run_record> records(static_cast<std::size_t>(ranks));
+  comm::threads::run(ranks, [&](comm::threads& c) {
+    train::trainer<model_type, Policy, Extra...> t(make_model(), cfg, comm::any_comm(c),
+                                                   {.print_progress = false});
+    if constexpr (!std::is_same_v<Setup, std::nullptr_t>) {
+      setup(t);
+    }
+    records[static_cast<std::size_t>(c.rank())] = record(t);
+  });
+  for (int r = 1; same_params && r < ranks; ++r) {
+    INFO("rank ", r);
+    CHECK(records[static_cast<std::size_t>(r)].params == records[0].params);
+  }
+  return records;
 }
 
 }  // namespace strata::test

@@ -71,22 +71,8 @@ using strata::test::run_record;
 // with the same parameters, bit for bit.
 template <class... Policies, class Setup = std::nullptr_t>
 run_record run_ranks(int ranks, const strata::config::train_config& cfg, Setup setup = nullptr) {
-  std::vector<run_record> records(static_cast<std::size_t>(ranks));
-  threads::run(ranks, [&](threads& c) {
-    st::trainer<model_t, par::data<>, Policies...> t(small_model(), cfg, strata::comm::any_comm(c),
-                                                     {.print_progress = false});
-    if constexpr (!std::is_same_v<Setup, std::nullptr_t>) {
-      setup(t);
-    }
-    records[static_cast<std::size_t>(c.rank())] = record(t);
-  });
-  for (int r = 1; r < ranks; ++r) {
-    INFO("rank ", r);
-    CHECK(records[static_cast<std::size_t>(r)].params == records[0].params);
-    CHECK(records[static_cast<std::size_t>(r)].summary.params_xxh3 ==
-          records[0].summary.params_xxh3);
-  }
-  return records[0];
+  return strata::test::run_thread_ranks<par::data<>, Policies...>(ranks, cfg, small_model,
+                                                                  setup)[0];
 }
 
 }  // namespace

@@ -56,24 +56,12 @@ sc::train_config base_config(const std::string& name, int ranks) {
   return cfg;
 }
 
-// Runs `ranks` ranks of trainer<model, Policy, Extra...>; returns every rank's record and checks
-// that every rank ended with the same parameters, bit for bit.
+// Runs `ranks` thread ranks of trainer<blobs_mlp, Policy, Extra...>; returns every rank's record
+// and checks that every rank ended with the same parameters.
 template <class Policy, class... Extra, class Setup = std::nullptr_t>
 std::vector<run_record> run_ranks(int ranks, const sc::train_config& cfg, Setup setup = nullptr) {
-  std::vector<run_record> records(static_cast<std::size_t>(ranks));
-  threads::run(ranks, [&](threads& c) {
-    st::trainer<model_t, Policy, Extra...> t(strata::test::blobs_mlp(), cfg,
-                                             strata::comm::any_comm(c), {.print_progress = false});
-    if constexpr (!std::is_same_v<Setup, std::nullptr_t>) {
-      setup(t);
-    }
-    records[static_cast<std::size_t>(c.rank())] = record(t);
-  });
-  for (int r = 1; r < ranks; ++r) {
-    INFO("rank ", r);
-    CHECK(records[static_cast<std::size_t>(r)].params == records[0].params);
-  }
-  return records;
+  return strata::test::run_thread_ranks<Policy, Extra...>(ranks, cfg, strata::test::blobs_mlp,
+                                                          setup);
 }
 
 // The largest difference over the entries both have (a store padded to shards is longer).
