@@ -27,6 +27,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <span>
 #include <stdexcept>
@@ -59,9 +60,7 @@ class topk_compressor {
   // `counted`: the entries k is counted from (the parameters without the padding at the end of
   // a store padded to equal shards, so that padding does not change what is sent); n if 0.
   topk_compressor(std::size_t n, double ratio, std::size_t counted = 0)
-      : residual_(n, 0.0f),
-        k_(std::min(n, topk_count(counted > 0 ? counted : n, ratio))),
-        ratio_(ratio) {
+      : residual_(n, 0.0f), k_(std::min(n, topk_count(counted > 0 ? counted : n, ratio))) {
     if (n > static_cast<std::size_t>(std::numeric_limits<std::int32_t>::max())) {
       throw std::invalid_argument("parallel::topk_compressor: " + std::to_string(n) +
                                   " gradients do not fit the 31-bit indices of the wire format");
@@ -70,7 +69,6 @@ class topk_compressor {
 
   std::size_t size() const noexcept { return residual_.size(); }
   std::size_t k() const noexcept { return k_; }
-  double ratio() const noexcept { return ratio_; }
 
   // What was not sent so far, unscaled (kept per rank; checkpoints save it).
   std::span<float> residual() noexcept { return residual_; }
@@ -178,7 +176,6 @@ class topk_compressor {
 
   std::vector<float> residual_{};
   std::size_t k_ = 0;
-  double ratio_ = 0.0;
   std::vector<float> magnitude_{};   // the corrected gradients' ordering keys
   std::vector<float> sample_{};      // the evenly spaced sample of them
   std::vector<float> candidates_{};  // those at or above the sample's bound
