@@ -6,14 +6,16 @@
 //                                                        child `mpiexec -n 2` of this binary
 //   mpiexec -n 2 bench_collectives --backend mpi         strata's MPI backend and raw MPI, same
 //                                                        processes, same buffers
-//   ... --min 4K --max 64M --ops all_reduce,all_gather --json out.json
+//   ... --min 4K --max 64M --ops all_reduce,all_gather --place both --json out.json
 //
 // Columns: size (bytes of the largest buffer, as nccl-tests), time (us per call, max over ranks,
 // median of repeats), algbw = size / time, busbw = algbw x factor(op, n), #wrong (elements that
 // differ from the reference in a checked call), then the baseline's time and busbw and the ratio
-// of busbw. Formulas: docs/benchmarks.md.
+// of busbw. all_reduce and all_gather run out of place and in place (column "place"; the
+// baseline with MPI_IN_PLACE), as nccl-tests does. Formulas: docs/benchmarks.md.
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -25,6 +27,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -50,11 +53,13 @@ struct options {
   std::string json_path;
   bool baseline = true;
   double seconds_per_size = 0.25;
-  std::string self;  // argv[0], to launch the baseline
+  std::string place = "both";  // out | in | both (all_reduce and all_gather)
+  std::string self;            // argv[0], to launch the baseline
 };
 
 struct row {
   std::string op;
+  bool in_place = false;
   std::size_t bytes = 0;
   double seconds = 0.0;
   std::size_t wrong = 0;
@@ -91,6 +96,20 @@ std::vector<std::size_t> sizes(const options& o) {
   return out;
 }
 
+// The places an op is measured in: in place only where both strata and MPI have it with the
+// same meaning (all_reduce: one buffer; all_gather: the input is this rank's block of the output).
+std::vector<bool> places(const options& o, const std::string& op) {
+  const bool both_ways = op == "all_reduce" || op == "all_gather";
+  std::vector<bool> out;
+  if (o.place != "in" || !both_ways) {
+    out.push_back(false);
+  }
+  if (o.place != "out" && both_ways) {
+    out.push_back(true);
+  }
+  return out;
+}
+
 // One operation of the sweep over float buffers of `bytes` (the largest buffer of the call).
 // `call` runs the operation once; buffers are set up by the caller.
 struct op_buffers {
@@ -107,7 +126,8 @@ int agree_iterations(double one_call_seconds, double seconds, AllMax&& all_max) 
 }
 
 // Runs one op on a backend (strata or raw MPI) through three callables:
-// run(op, buffers) performs the call; all_max(x) is a max all-reduce of a double; barrier().
+// run(op, in_place, buffers) performs the call (in place: on `out` alone); all_max(x) is a max
+// all-reduce of a double; barrier().
 template <class Run, class AllMax, class Barrier>
 std::vector<row> sweep(const options& o, int rank, int n, Run&& run, AllMax&& all_max,
                        Barrier&& barrier) {
@@ -116,70 +136,77 @@ std::vector<row> sweep(const options& o, int rank, int n, Run&& run, AllMax&& al
     if (op == "send_recv" && n < 2) {
       continue;
     }
-    for (const std::size_t bytes : sizes(o)) {
-      const std::size_t total = bytes / sizeof(float);
-      const auto un = static_cast<std::size_t>(n);
-      op_buffers b;
-      std::size_t in_count = total;
-      std::size_t out_count = total;
-      if (op == "reduce_scatter") {
-        out_count = total / un;
-        in_count = out_count * un;
-      } else if (op == "all_gather") {
-        in_count = total / un;
-        out_count = in_count * un;
-      }
-      b.in.assign(in_count, 0.0f);
-      b.out.assign(out_count, 0.0f);
-      // Correctness: inputs rank + 1 (+ index pattern), checked once.
-      for (std::size_t i = 0; i < in_count; ++i) {
-        b.in[i] = static_cast<float>(rank + 1) + static_cast<float>(i % 3);
-      }
-      run(op, b);
-      std::size_t wrong = 0;
-      const float rank_sum = static_cast<float>(n * (n + 1) / 2);
-      for (std::size_t i = 0; i < out_count; ++i) {
-        float want = 0.0f;
-        if (op == "all_reduce") {
-          want = rank_sum + static_cast<float>(n) * static_cast<float>(i % 3);
-        } else if (op == "reduce_scatter") {
-          const std::size_t g = static_cast<std::size_t>(rank) * out_count + i;
-          want = rank_sum + static_cast<float>(n) * static_cast<float>(g % 3);
+    for (const bool in_place : places(o, op)) {
+      for (const std::size_t bytes : sizes(o)) {
+        const std::size_t total = bytes / sizeof(float);
+        const auto un = static_cast<std::size_t>(n);
+        op_buffers b;
+        std::size_t in_count = total;
+        std::size_t out_count = total;
+        if (op == "reduce_scatter") {
+          out_count = total / un;
+          in_count = out_count * un;
         } else if (op == "all_gather") {
-          const std::size_t src = in_count == 0 ? 0 : i / in_count;
-          want = static_cast<float>(src + 1) + static_cast<float>((i % in_count) % 3);
-        } else if (op == "broadcast") {
-          want = 1.0f + static_cast<float>(i % 3);  // from root 0
-        } else {                                    // send_recv: ring, from the left neighbour
-          const int left = (rank + n - 1) % n;
-          want = static_cast<float>(left + 1) + static_cast<float>(i % 3);
+          in_count = total / un;
+          out_count = in_count * un;
         }
-        wrong += b.out[i] == want ? 0 : 1;
-      }
-      // Warm-up apart from measurement, then repeats.
-      barrier();
-      const auto t0 = clock_type::now();
-      run(op, b);
-      run(op, b);
-      const double warm = std::chrono::duration<double>(clock_type::now() - t0).count() / 2;
-      const int iters = agree_iterations(warm, o.seconds_per_size, all_max);
-      std::vector<double> repeats;
-      const int chunks = 5;
-      const int per_chunk = std::max(1, iters / chunks);
-      for (int c = 0; c < chunks; ++c) {
+        b.in.assign(in_count, 0.0f);
+        b.out.assign(out_count, 0.0f);
+        // Correctness: inputs rank + 1 (+ index pattern), checked once.
+        for (std::size_t i = 0; i < in_count; ++i) {
+          b.in[i] = static_cast<float>(rank + 1) + static_cast<float>(i % 3);
+        }
+        if (in_place) {  // the input where the call reads it: all of `out`, or this rank's block
+          const std::size_t at = op == "all_gather" ? static_cast<std::size_t>(rank) * in_count : 0;
+          std::copy(b.in.begin(), b.in.end(), b.out.begin() + static_cast<std::ptrdiff_t>(at));
+        }
+        run(op, in_place, b);
+        std::size_t wrong = 0;
+        const float rank_sum = static_cast<float>(n * (n + 1) / 2);
+        for (std::size_t i = 0; i < out_count; ++i) {
+          float want = 0.0f;
+          if (op == "all_reduce") {
+            want = rank_sum + static_cast<float>(n) * static_cast<float>(i % 3);
+          } else if (op == "reduce_scatter") {
+            const std::size_t g = static_cast<std::size_t>(rank) * out_count + i;
+            want = rank_sum + static_cast<float>(n) * static_cast<float>(g % 3);
+          } else if (op == "all_gather") {
+            const std::size_t src = in_count == 0 ? 0 : i / in_count;
+            want = static_cast<float>(src + 1) + static_cast<float>((i % in_count) % 3);
+          } else if (op == "broadcast") {
+            want = 1.0f + static_cast<float>(i % 3);  // from root 0
+          } else {                                    // send_recv: ring, from the left neighbour
+            const int left = (rank + n - 1) % n;
+            want = static_cast<float>(left + 1) + static_cast<float>(i % 3);
+          }
+          wrong += b.out[i] == want ? 0 : 1;
+        }
+        // Warm-up apart from measurement, then repeats.
         barrier();
-        const auto start = clock_type::now();
-        for (int i = 0; i < per_chunk; ++i) {
-          run(op, b);
+        const auto t0 = clock_type::now();
+        run(op, in_place, b);
+        run(op, in_place, b);
+        const double warm = std::chrono::duration<double>(clock_type::now() - t0).count() / 2;
+        const int iters = agree_iterations(warm, o.seconds_per_size, all_max);
+        std::vector<double> repeats;
+        const int chunks = 5;
+        const int per_chunk = std::max(1, iters / chunks);
+        for (int c = 0; c < chunks; ++c) {
+          barrier();
+          const auto start = clock_type::now();
+          for (int i = 0; i < per_chunk; ++i) {
+            run(op, in_place, b);
+          }
+          const double local = std::chrono::duration<double>(clock_type::now() - start).count();
+          repeats.push_back(all_max(local) / per_chunk);
         }
-        const double local = std::chrono::duration<double>(clock_type::now() - start).count();
-        repeats.push_back(all_max(local) / per_chunk);
+        std::sort(repeats.begin(), repeats.end());
+        rows.push_back(row{.op = op,
+                           .in_place = in_place,
+                           .bytes = bytes,
+                           .seconds = repeats[repeats.size() / 2],
+                           .wrong = static_cast<std::size_t>(all_max(static_cast<double>(wrong)))});
       }
-      std::sort(repeats.begin(), repeats.end());
-      rows.push_back(row{.op = op,
-                         .bytes = bytes,
-                         .seconds = repeats[repeats.size() / 2],
-                         .wrong = static_cast<std::size_t>(all_max(static_cast<double>(wrong)))});
     }
   }
   return rows;
@@ -191,8 +218,15 @@ template <sc::comm_backend C>
 std::vector<row> sweep_strata(const options& o, C& c) {
   const int n = c.size();
   const int rank = c.rank();
-  auto run = [&](const std::string& op, op_buffers& b) {
-    if (op == "all_reduce") {
+  auto run = [&](const std::string& op, bool in_place, op_buffers& b) {
+    if (op == "all_reduce" && in_place) {
+      sc::all_reduce(c, b.out, sc::reduce_op::sum);
+    } else if (op == "all_gather" && in_place) {
+      const std::size_t block = b.out.size() / static_cast<std::size_t>(n);
+      sc::all_gather(
+          c, std::span<const float>(b.out).subspan(static_cast<std::size_t>(rank) * block, block),
+          b.out);
+    } else if (op == "all_reduce") {
       sc::all_reduce(c, std::span<const float>(b.in), b.out, sc::reduce_op::sum);
     } else if (op == "reduce_scatter") {
       sc::reduce_scatter(c, std::span<const float>(b.in), b.out, sc::reduce_op::sum);
@@ -218,6 +252,123 @@ std::vector<row> sweep_strata(const options& o, C& c) {
   return sweep(o, rank, n, run, all_max, barrier);
 }
 
+// ---- the bare reduction, the limit of all_reduce
+// -------------------------------------------------
+
+// all_reduce as plain loops: n threads, thread r sums slice r of every input and stores the sum
+// into every output, between two spin barriers; no checks, no fingerprint, no bookkeeping. What
+// the memory system allows for the same traffic as the threads backend's algorithm.
+std::vector<row> sweep_bare(const options& o) {
+  const int n = o.ranks;
+  const auto un = static_cast<std::size_t>(n);
+  const bool crowded = static_cast<unsigned>(n) > std::max(1u, std::thread::hardware_concurrency());
+  std::vector<row> rows;
+  for (const bool in_place : places(o, "all_reduce")) {
+    for (const std::size_t bytes : sizes(o)) {
+      const std::size_t count = bytes / sizeof(float);
+      std::vector<std::vector<float>> in(un, std::vector<float>(count));
+      std::vector<std::vector<float>> out(un, std::vector<float>(count));
+      for (std::size_t q = 0; q < un; ++q) {
+        std::fill(in[q].begin(), in[q].end(), static_cast<float>(q + 1));
+        std::fill(out[q].begin(), out[q].end(), static_cast<float>(q + 1));
+      }
+      std::vector<const float*> inputs(un);
+      std::vector<float*> outputs(un);
+      for (std::size_t q = 0; q < un; ++q) {
+        outputs[q] = out[q].data();
+        inputs[q] = in_place ? out[q].data() : in[q].data();
+      }
+      std::atomic<std::uint64_t> arrived{0};
+      auto barrier = [&](std::uint64_t& generation) {
+        ++generation;
+        arrived.fetch_add(1, std::memory_order_acq_rel);
+        while (arrived.load(std::memory_order_acquire) < generation * un) {
+          if (crowded) {
+            std::this_thread::yield();
+          }
+        }
+      };
+      // Blocks of 64 floats with a fixed trip count (so that the loops vectorize); the last slice
+      // takes the tail element by element.
+      auto reduce_slice = [&](std::size_t r) {
+        constexpr std::size_t block = 64;
+        const float* const* from = inputs.data();
+        float* const* to = outputs.data();
+        const std::size_t lo = count * r / un / block * block;
+        const std::size_t hi = r + 1 == un ? count : count * (r + 1) / un / block * block;
+        std::size_t i = lo;
+        for (; i + block <= hi; i += block) {
+          alignas(64) float sum[block];
+          for (std::size_t e = 0; e < block; ++e) {
+            sum[e] = from[0][i + e];
+          }
+          for (std::size_t q = 1; q < un; ++q) {
+            for (std::size_t e = 0; e < block; ++e) {
+              sum[e] += from[q][i + e];
+            }
+          }
+          for (std::size_t q = 0; q < un; ++q) {
+            for (std::size_t e = 0; e < block; ++e) {
+              to[q][i + e] = sum[e];
+            }
+          }
+        }
+        for (; i < hi; ++i) {
+          float sum = from[0][i];
+          for (std::size_t q = 1; q < un; ++q) {
+            sum += from[q][i];
+          }
+          for (std::size_t q = 0; q < un; ++q) {
+            to[q][i] = sum;
+          }
+        }
+      };
+      std::atomic<int> iterations{0};
+      std::vector<double> repeats;
+      std::vector<std::thread> pool;
+      for (std::size_t r = 0; r < un; ++r) {
+        pool.emplace_back([&, r] {
+          std::uint64_t generation = 0;
+          barrier(generation);
+          const auto t0 = clock_type::now();
+          reduce_slice(r);
+          reduce_slice(r);
+          barrier(generation);
+          if (r == 0) {
+            const double warm = std::chrono::duration<double>(clock_type::now() - t0).count() / 2;
+            iterations = static_cast<int>(
+                std::clamp(warm > 0 ? o.seconds_per_size / warm : 1000.0, 5.0, 20000.0));
+          }
+          barrier(generation);
+          const int per_chunk = std::max(1, iterations.load() / 5);
+          for (int c = 0; c < 5; ++c) {
+            barrier(generation);
+            const auto start = clock_type::now();
+            for (int i = 0; i < per_chunk; ++i) {
+              reduce_slice(r);
+              barrier(generation);
+            }
+            if (r == 0) {
+              repeats.push_back(std::chrono::duration<double>(clock_type::now() - start).count() /
+                                per_chunk);
+            }
+          }
+        });
+      }
+      for (auto& t : pool) {
+        t.join();
+      }
+      std::sort(repeats.begin(), repeats.end());
+      rows.push_back(row{.op = "all_reduce",
+                         .in_place = in_place,
+                         .bytes = bytes,
+                         .seconds = repeats[repeats.size() / 2],
+                         .wrong = 0});
+    }
+  }
+  return rows;
+}
+
 // ---- raw MPI, the baseline ---------------------------------------------------------------------
 
 std::vector<row> sweep_raw_mpi(const options& o) {
@@ -225,10 +376,15 @@ std::vector<row> sweep_raw_mpi(const options& o) {
   int n = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &n);
-  auto run = [&](const std::string& op, op_buffers& b) {
+  auto run = [&](const std::string& op, bool in_place, op_buffers& b) {
     const int in = static_cast<int>(b.in.size());
     const int out = static_cast<int>(b.out.size());
-    if (op == "all_reduce") {
+    if (op == "all_reduce" && in_place) {
+      MPI_Allreduce(MPI_IN_PLACE, b.out.data(), out, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    } else if (op == "all_gather" && in_place) {
+      MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, b.out.data(), in, MPI_FLOAT,
+                    MPI_COMM_WORLD);
+    } else if (op == "all_reduce") {
       MPI_Allreduce(b.in.data(), b.out.data(), in, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
     } else if (op == "reduce_scatter") {
       MPI_Reduce_scatter_block(b.in.data(), b.out.data(), out, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
@@ -274,6 +430,7 @@ nlohmann::json to_json(const std::vector<row>& rows, int n) {
   for (const auto& r : rows) {
     const double algbw = static_cast<double>(r.bytes) / r.seconds / 1e9;
     out.push_back({{"op", r.op},
+                   {"in_place", r.in_place},
                    {"bytes", r.bytes},
                    {"time_us", r.seconds * 1e6},
                    {"algbw_gbs", algbw},
@@ -287,6 +444,7 @@ std::vector<row> from_json(const nlohmann::json& j) {
   std::vector<row> rows;
   for (const auto& e : j) {
     rows.push_back(row{.op = e.at("op").get<std::string>(),
+                       .in_place = e.value("in_place", false),
                        .bytes = e.at("bytes").get<std::size_t>(),
                        .seconds = e.at("time_us").get<double>() / 1e6,
                        .wrong = e.at("wrong").get<std::size_t>()});
@@ -296,31 +454,51 @@ std::vector<row> from_json(const nlohmann::json& j) {
 
 void print_table(const std::string& title, const std::vector<row>& rows, int n,
                  const std::vector<row>* baseline, const std::string& baseline_name,
-                 double copy_gbs) {
+                 double copy_gbs, const std::vector<row>* bare = nullptr) {
   std::printf("\n# %s, %d ranks; baseline: %s; single-thread memcpy %.2f GB/s\n", title.c_str(), n,
               baseline_name.c_str(), copy_gbs);
-  std::printf("%-15s %12s %11s %9s %9s %7s %11s %9s %8s\n", "op", "size(B)", "time(us)", "algbw",
-              "busbw", "#wrong", "base(us)", "base-bus", "ratio");
+  if (bare != nullptr) {
+    std::printf(
+        "# bare: all_reduce as plain loops on %d threads (same traffic, no checks); "
+        "of-bare = bare time / strata time\n",
+        n);
+  }
+  std::printf("%-15s %5s %12s %11s %9s %9s %7s %11s %9s %8s", "op", "place", "size(B)", "time(us)",
+              "algbw", "busbw", "#wrong", "base(us)", "base-bus", "ratio");
+  std::printf(bare != nullptr ? " %10s %7s\n" : "\n", "bare(us)", "of-bare");
   for (const auto& r : rows) {
     const double algbw = static_cast<double>(r.bytes) / r.seconds / 1e9;
     const double busbw = algbw * bus_factor(r.op, n);
     const row* b = nullptr;
     if (baseline != nullptr) {
       for (const auto& x : *baseline) {
-        if (x.op == r.op && x.bytes == r.bytes) {
+        if (x.op == r.op && x.in_place == r.in_place && x.bytes == r.bytes) {
           b = &x;
         }
       }
     }
     if (b != nullptr) {
       const double bbus = static_cast<double>(b->bytes) / b->seconds / 1e9 * bus_factor(b->op, n);
-      std::printf("%-15s %12zu %11.2f %9.2f %9.2f %7zu %11.2f %9.2f %7.2fx\n", r.op.c_str(),
-                  r.bytes, r.seconds * 1e6, algbw, busbw, r.wrong, b->seconds * 1e6, bbus,
-                  busbw / bbus);
+      std::printf("%-15s %5s %12zu %11.2f %9.2f %9.2f %7zu %11.2f %9.2f %7.2fx", r.op.c_str(),
+                  r.in_place ? "in" : "out", r.bytes, r.seconds * 1e6, algbw, busbw, r.wrong,
+                  b->seconds * 1e6, bbus, busbw / bbus);
     } else {
-      std::printf("%-15s %12zu %11.2f %9.2f %9.2f %7zu %11s %9s %8s\n", r.op.c_str(), r.bytes,
-                  r.seconds * 1e6, algbw, busbw, r.wrong, "-", "-", "-");
+      std::printf("%-15s %5s %12zu %11.2f %9.2f %9.2f %7zu %11s %9s %8s", r.op.c_str(),
+                  r.in_place ? "in" : "out", r.bytes, r.seconds * 1e6, algbw, busbw, r.wrong, "-",
+                  "-", "-");
     }
+    if (bare != nullptr) {
+      const row* limit = nullptr;
+      for (const auto& x : *bare) {
+        if (x.op == r.op && x.in_place == r.in_place && x.bytes == r.bytes) {
+          limit = &x;
+        }
+      }
+      if (limit != nullptr) {
+        std::printf(" %10.2f %6.0f%%", limit->seconds * 1e6, 100.0 * limit->seconds / r.seconds);
+      }
+    }
+    std::printf("\n");
   }
 }
 
@@ -348,6 +526,13 @@ options parse(int argc, char** argv) {
       o.json_path = next();
     } else if (a == "--no-baseline") {
       o.baseline = false;
+    } else if (a == "--place") {
+      o.place = next();
+      if (o.place != "out" && o.place != "in" && o.place != "both") {
+        std::fprintf(stderr, "bench_collectives: --place must be out, in or both, not '%s'\n",
+                     o.place.c_str());
+        std::exit(2);
+      }
     } else if (a == "--seconds") {
       o.seconds_per_size = std::stod(next());
     } else if (a == "--ops") {
@@ -360,7 +545,8 @@ options parse(int argc, char** argv) {
       std::fprintf(stderr,
                    "bench_collectives: unknown argument '%s'\n"
                    "usage: bench_collectives [--backend threads|mpi|raw-mpi] [--ranks N] "
-                   "[--min 4K] [--max 64M] [--ops a,b] [--seconds S] [--json FILE] "
+                   "[--min 4K] [--max 64M] [--ops a,b] [--place out|in|both] [--seconds S] "
+                   "[--json FILE] "
                    "[--no-baseline]\n",
                    a.c_str());
       std::exit(2);
@@ -379,8 +565,8 @@ std::optional<std::vector<row>> launch_raw_mpi(const options& o) {
   const std::string cmd = "mpiexec --allow-run-as-root --oversubscribe -n " +
                           std::to_string(o.ranks) + " " + o.self + " --backend raw-mpi --min " +
                           std::to_string(o.min_bytes) + " --max " + std::to_string(o.max_bytes) +
-                          " --ops " + ops + " --seconds " + std::to_string(o.seconds_per_size) +
-                          " --json " + out + " > /dev/null";
+                          " --ops " + ops + " --place " + o.place + " --seconds " +
+                          std::to_string(o.seconds_per_size) + " --json " + out + " > /dev/null";
   if (std::system(cmd.c_str()) != 0) {
     return std::nullopt;
   }
@@ -394,7 +580,8 @@ std::optional<std::vector<row>> launch_raw_mpi(const options& o) {
 }
 
 void write_json(const options& o, const std::string& backend, int n, const std::vector<row>& rows,
-                const std::vector<row>* baseline, double copy_gbs) {
+                const std::vector<row>* baseline, double copy_gbs,
+                const std::vector<row>* bare = nullptr) {
   if (o.json_path.empty()) {
     return;
   }
@@ -402,6 +589,9 @@ void write_json(const options& o, const std::string& backend, int n, const std::
       {"backend", backend}, {"ranks", n}, {"memcpy_gbs", copy_gbs}, {"rows", to_json(rows, n)}};
   if (baseline != nullptr) {
     j["baseline"] = {{"name", "raw MPI (Open MPI)"}, {"rows", to_json(*baseline, n)}};
+  }
+  if (bare != nullptr) {
+    j["bare"] = {{"name", "all_reduce as plain loops on threads"}, {"rows", to_json(*bare, n)}};
   }
   std::ofstream(o.json_path) << j.dump(2) << "\n";
 }
@@ -429,9 +619,13 @@ int main(int argc, char** argv) {
       }
     }
     const double copy = memcpy_bandwidth();
+    const bool reduces = std::find(o.ops.begin(), o.ops.end(), "all_reduce") != o.ops.end();
+    const std::vector<row> bare = reduces ? sweep_bare(o) : std::vector<row>{};
     print_table("strata threads backend", rows, o.ranks, baseline ? &*baseline : nullptr,
-                baseline ? "raw MPI (Open MPI), same sizes, separate processes" : "none", copy);
-    write_json(o, "threads", o.ranks, rows, baseline ? &*baseline : nullptr, copy);
+                baseline ? "raw MPI (Open MPI), same sizes, separate processes" : "none", copy,
+                reduces ? &bare : nullptr);
+    write_json(o, "threads", o.ranks, rows, baseline ? &*baseline : nullptr, copy,
+               reduces ? &bare : nullptr);
     return 0;
   }
   if (o.backend == "raw-mpi" || o.backend == "mpi") {
