@@ -18,6 +18,7 @@
 // parameters into ranges, updated in any order or concurrently, gives the same bits (within one
 // build). Resuming needs the state buffer and step_count(): set_step_count() restores the count.
 
+#include <algorithm>
 #include <array>
 #include <charconv>
 #include <cmath>
@@ -115,18 +116,23 @@ class adamw {
     // parameters in a scalar loop, because Eigen's vectorized sqrt is an approximation under
     // EIGEN_FAST_MATH and would make a range's bits depend on where it starts. Elementwise and in
     // the order m, v, then p = p * decay - step_size * (m / (sqrt(v) * c + eps)).
-    const auto count = static_cast<Eigen::Index>(n);
-    const Eigen::Map<const Eigen::ArrayXf> grad(args.grads.data(), count);
-    Eigen::Map<Eigen::ArrayXf> m(args.state.data(), count);
-    Eigen::Map<Eigen::ArrayXf> v(args.state.data() + n, count);
-    m = beta1 * m + one_minus_beta1 * grad;
-    v = beta2 * v + one_minus_beta2 * (grad * grad);
-    float* const p = args.params.data();
-    const float* const m_data = args.state.data();
-    const float* const v_data = args.state.data() + n;
-    for (std::size_t i = 0; i < n; ++i) {
-      const float denominator = std::sqrt(v_data[i]) * inv_sqrt_correction2 + eps;
-      p[i] = p[i] * decay - step_size * (m_data[i] / denominator);
+    // In blocks that fit the level-1 cache, so that the parameter loop reads the moments the
+    // statements before it just wrote (the update is memory-bound).
+    for (std::size_t begin = 0; begin < n; begin += update_block) {
+      const std::size_t size = std::min(update_block, n - begin);
+      const auto count = static_cast<Eigen::Index>(size);
+      const Eigen::Map<const Eigen::ArrayXf> grad(args.grads.data() + begin, count);
+      Eigen::Map<Eigen::ArrayXf> m(args.state.data() + begin, count);
+      Eigen::Map<Eigen::ArrayXf> v(args.state.data() + n + begin, count);
+      m = beta1 * m + one_minus_beta1 * grad;
+      v = beta2 * v + one_minus_beta2 * (grad * grad);
+      float* const p = args.params.data() + begin;
+      const float* const m_data = args.state.data() + begin;
+      const float* const v_data = args.state.data() + n + begin;
+      for (std::size_t i = 0; i < size; ++i) {
+        const float denominator = std::sqrt(v_data[i]) * inv_sqrt_correction2 + eps;
+        p[i] = p[i] * decay - step_size * (m_data[i] / denominator);
+      }
     }
   }
 
@@ -137,6 +143,9 @@ class adamw {
   }
 
  private:
+  // Elements per block of update(): parameters, gradients and both moments take 32 KiB.
+  static constexpr std::size_t update_block = 2048;
+
   adamw_config config_;
   std::uint64_t step_ = 0;
 };

@@ -314,6 +314,52 @@ TEST_CASE("splitting the parameters into ranges gives the same bits as one range
   }
 }
 
+TEST_CASE("a range longer than the update's cache block gives the bits of its short pieces") {
+  // The updates run in blocks of a few thousand elements: a long range must index parameters,
+  // gradients and every state slot across block boundaries exactly as pieces shorter than one.
+  const std::size_t n = 5000;
+  const std::size_t piece = 999;
+  const auto check = [&](auto optimizer) {
+    const std::size_t slots = optimizer.state_per_parameter();
+    auto whole = optimizer;
+    auto parts = optimizer;
+    std::vector<float> p_whole = initial_params(n);
+    std::vector<float> p_parts = initial_params(n);
+    std::vector<float> s_whole(slots * n, 0.0f);
+    std::vector<std::vector<float>> s_parts;
+    for (std::size_t at = 0; at < n; at += piece) {
+      s_parts.emplace_back(slots * std::min(piece, n - at), 0.0f);
+    }
+    for (int step = 1; step <= 3; ++step) {
+      const std::vector<float> g = gradient(step, n);
+      const std::span<const float> gs(g);
+      const std::span<float> ps(p_parts);
+      whole.begin_step();
+      whole.update({.params = p_whole, .grads = g, .state = s_whole, .lr = 0.05});
+      parts.begin_step();
+      for (std::size_t at = 0, k = 0; at < n; at += piece, ++k) {
+        const std::size_t len = std::min(piece, n - at);
+        parts.update({.params = ps.subspan(at, len),
+                      .grads = gs.subspan(at, len),
+                      .state = s_parts[k],
+                      .lr = 0.05});
+      }
+    }
+    CHECK(same_bits(p_whole, p_parts));
+    for (std::size_t s = 0; s < slots; ++s) {
+      for (std::size_t i = 0; i < n; ++i) {
+        const std::size_t k = i / piece;
+        const std::size_t len = std::min(piece, n - k * piece);
+        const float part = s_parts[k][s * len + (i - k * piece)];
+        CHECK(std::memcmp(&part, &s_whole[s * n + i], sizeof(float)) == 0);
+      }
+    }
+  };
+  check(sgd({.momentum = 0.9, .nesterov = true, .weight_decay = 0.01}));
+  check(sgd({.momentum = 0.0, .weight_decay = 0.01}));
+  check(adamw({.weight_decay = 0.05}));
+}
+
 TEST_CASE("adamw resumed from its state buffer and step count continues bit for bit") {
   const adamw_config c{.beta1 = 0.85, .beta2 = 0.99, .eps = 1e-7, .weight_decay = 0.02};
   const int stop = 5;
