@@ -32,6 +32,7 @@
 #include <cstdint>
 #include <optional>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -259,6 +260,9 @@ inline std::vector<grad_bucket> make_buckets(const model::param_store& params,
 }
 
 // Runs one step's gradient all-reduce bucket by bucket as backward completes the groups.
+// With a shard size (parallel::zero1), each bucket is instead cut at the shard boundaries and
+// each piece reduced (averaged) to the rank that owns it, rank q owning floats [q x shard,
+// (q + 1) x shard): afterwards only a rank's own shard of the gradients holds the average.
 //
 //   reducer.begin(grads);            // before the step's last backward
 //   ... reducer.group_done(i) ...    // from the model, groups in decreasing order
@@ -270,9 +274,15 @@ class bucket_reducer {
   // through it as it starts, since the rounding of the whole buffer after backward would race
   // with the buckets already in flight.
   // wire: the type the buckets travel in (float32, or float16 / bfloat16 for compress::cast).
+  // shard: 0 for an all-reduce of every bucket, else the floats of each rank's shard (float32
+  // on the wire only).
   bucket_reducer(comm::any_comm comm, std::vector<grad_bucket> buckets,
-                 dtype storage = dtype::float32, dtype wire = dtype::float32)
-      : comm_(comm), buckets_(std::move(buckets)), storage_(storage), wire_(wire) {
+                 dtype storage = dtype::float32, dtype wire = dtype::float32, std::size_t shard = 0)
+      : comm_(comm), buckets_(std::move(buckets)), storage_(storage), wire_(wire), shard_(shard) {
+    if (shard_ != 0 && wire_ != dtype::float32) {
+      throw std::invalid_argument(
+          "bucket_reducer: buckets reduced to shard owners travel as float32 only");
+    }
     if (wire_ == dtype::float16 || wire_ == dtype::bfloat16) {
       std::size_t total = 0;
       for (const grad_bucket& b : buckets_) {
@@ -335,7 +345,19 @@ class bucket_reducer {
     const grad_bucket& bucket = buckets_[b];
     float* data = grads_.data() + bucket.offset;
     round_through(std::span<float>(data, bucket.size), storage_);
-    if (staging_.empty()) {
+    if (shard_ != 0) {
+      // One reduce per shard the bucket overlaps, to the shard's owner.
+      std::size_t at = bucket.offset;
+      const std::size_t end = bucket.offset + bucket.size;
+      while (at < end) {
+        const std::size_t owner = at / shard_;
+        const std::size_t piece = std::min(end, (owner + 1) * shard_) - at;
+        requests_.push_back(comm_->reduce_async(grads_.data() + at, grads_.data() + at, piece,
+                                                dtype::float32, comm::reduce_op::avg,
+                                                static_cast<int>(owner)));
+        at += piece;
+      }
+    } else if (staging_.empty()) {
       requests_.push_back(
           comm_->all_reduce_async(data, data, bucket.size, dtype::float32, comm::reduce_op::avg));
     } else {
@@ -362,6 +384,7 @@ class bucket_reducer {
   std::vector<grad_bucket> buckets_{};
   dtype storage_ = dtype::float32;
   dtype wire_ = dtype::float32;
+  std::size_t shard_ = 0;
   std::vector<std::uint16_t> staging_{};  // compress::cast: the buckets in the wire type
   std::span<float> grads_{};
   std::size_t next_ = 0;

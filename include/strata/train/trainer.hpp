@@ -195,8 +195,9 @@ class trainer {
   static constexpr bool topk = parallel::is_topk<parallel_policy>;
   // The optimizer state is sharded: zero1 over every rank, parameter_server over its servers.
   static constexpr bool state_sharded = sharded || ps;
-  // parallel::data<all_reduce, ...>: buckets all-reduced as backward completes them.
-  static constexpr bool bucketed = distributed && !state_sharded && !hierarchical && !topk;
+  // parallel::data<all_reduce, ...>: buckets all-reduced as backward completes them;
+  // parallel::zero1: buckets reduced to the ranks that own their shards, likewise.
+  static constexpr bool bucketed = distributed && !ps && !hierarchical && !topk;
 
  public:
   using model_type = Model;
@@ -399,7 +400,7 @@ class trainer {
           *comm_,
           parallel::make_buckets(compute_params(), static_cast<std::size_t>(cfg_.bucket_size_mb)
                                                        << 20),
-          compute_dtype, parallel::wire_dtype<parallel_policy>);
+          compute_dtype, parallel::wire_dtype<parallel_policy>, sharded ? shard_size() : 0);
     }
     auto work = adapts ? typename Model::workspace_type{}
                        : training_workspace(static_cast<std::size_t>(cfg_.batch_size_per_gpu));
@@ -452,14 +453,6 @@ class trainer {
           const auto comm_begin = clock::now();
           if constexpr (hierarchical) {
             comm::hierarchical_all_reduce(*groups, compute_params().grads(), comm::reduce_op::avg);
-          } else if constexpr (sharded) {
-            // Each rank gets the average gradient of its shard only.
-            float* grads = compute_params().grads().data();
-            if constexpr (mixed) {
-              round_through(compute_params().grads(), compute_dtype);
-            }
-            comm_->reduce_scatter(grads, grads + shard_begin(), shard_size(), dtype::float32,
-                                  comm::reduce_op::avg);
           } else if constexpr (ps || topk) {
             // Parameter server: each server's shard of the gradients becomes the average.
             // All-gather of top-k: every rank's gradients become the average.

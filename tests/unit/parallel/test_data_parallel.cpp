@@ -128,6 +128,40 @@ TEST_CASE("a bucket starts as soon as backward completes its groups") {
   });
 }
 
+TEST_CASE("with a shard size, each bucket's pieces are averaged on the ranks that own them") {
+  // 3 ranks, shards of 40 floats; buckets in backward order, two of them across a boundary.
+  const std::size_t shard = 40;
+  const std::vector<par::grad_bucket> buckets{{.offset = 90, .size = 30, .first_group = 2},
+                                              {.offset = 30, .size = 60, .first_group = 1},
+                                              {.offset = 0, .size = 30, .first_group = 0}};
+  threads::run(3, [&](threads& c) {
+    std::vector<float> grads(3 * shard);
+    const auto fill = [&](int rank) {
+      for (std::size_t i = 0; i < grads.size(); ++i) {
+        grads[i] = static_cast<float>((rank + 1) * 1000) + static_cast<float>(i);
+      }
+    };
+    fill(c.rank());
+    par::bucket_reducer reducer(strata::comm::any_comm(c), buckets, strata::dtype::float32,
+                                strata::dtype::float32, shard);
+    reducer.begin(grads);
+    reducer.group_done(1);  // the first two buckets start, the last one in finish()
+    CHECK(reducer.launch_order().size() == 2);
+    reducer.finish();
+    const auto lo = static_cast<std::size_t>(c.rank()) * shard;
+    for (std::size_t i = 0; i < grads.size(); ++i) {
+      INFO("rank ", c.rank(), " float ", i);
+      // Own shard: the average of (r + 1) * 1000 + i over r = 0, 1, 2; elsewhere this rank's own.
+      const float own = static_cast<float>((c.rank() + 1) * 1000) + static_cast<float>(i);
+      const float want = i >= lo && i < lo + shard ? 2000.0f + static_cast<float>(i) : own;
+      CHECK(grads[i] == want);
+    }
+    CHECK_THROWS_AS(par::bucket_reducer(strata::comm::any_comm(c), buckets, strata::dtype::float32,
+                                        strata::dtype::float16, shard),
+                    std::invalid_argument);
+  });
+}
+
 TEST_CASE("N ranks with B/N samples each train like one rank with B") {
   auto one_cfg = base_config("one-rank");
   one_cfg.batch_size_per_gpu = 64;
