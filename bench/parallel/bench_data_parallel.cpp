@@ -5,28 +5,38 @@
 //   - 1 rank, 1 BLAS thread (the baseline of the scaling efficiency);
 //   - 1 rank, 2 BLAS threads (the single-process way to use both cores);
 //   - 2 ranks as threads (parallel::data<all_reduce> over comm::threads), 1 BLAS thread each;
+//   - the same with parallel::zero1 (optimizer state and update sharded over the 2 ranks);
+//   - 2 independent 1-rank trainers at half the batch each, at the same time, that never
+//     communicate: what this machine gives two ranks' computation, the ceiling of the
+//     efficiency here (the weight-sized work that every rank repeats and the two cores' shared
+//     caches cost it; the gap to it is communication and waiting for each other);
 //   - 2 ranks as MPI processes (the same over comm::mpi, under mpiexec), when built with MPI;
 // and PyTorch in the same run (bench/parallel/torch_ddp.py, when `import torch` works):
 // DistributedDataParallel with gloo on 2 processes of 1 thread, and one process with 1 and 2
 // threads.
 //
 //   build/bench/bench_data_parallel [--data-dir DIR] [--global 256] [--steps 60] [--warmup 5]
-//                                   [--loader-workers 1] [--bucket-mb 25] [--no-torch]
-//                                   [--no-mpi] [--json FILE]
+//                                   [--loader-workers 1] [--bucket-mb 25] [--repeats 3]
+//                                   [--no-torch] [--no-mpi] [--json FILE]
 //
 // Throughput is global samples per second over the timed steps (the warmup steps, loading and
-// evaluation excluded). Scaling efficiency = rate(2 ranks) / (2 x rate(1 rank, 1 thread)).
+// evaluation excluded). The strata configurations in this process run --repeats times each,
+// taking turns (so that a slow spell of the machine hits every configuration alike), and report
+// the median. Scaling efficiency = rate(2 ranks) / (2 x rate(1 rank, 1 thread)).
 // Formulas: docs/benchmarks.md.
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -67,6 +77,7 @@ struct options {
   bool mpi_worker = false;
   std::size_t loader_workers = 1;
   std::size_t bucket_mb = 25;
+  std::size_t repeats = 3;
   std::string json_path;
 };
 
@@ -91,6 +102,8 @@ options parse(int argc, char** argv) {
       o.loader_workers = std::stoul(value());
     } else if (a == "--bucket-mb") {
       o.bucket_mb = std::stoul(value());
+    } else if (a == "--repeats") {
+      o.repeats = std::stoul(value());
     } else if (a == "--mpi-worker") {
       o.mpi_worker = true;
     } else if (a == "--json") {
@@ -98,13 +111,15 @@ options parse(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: bench_data_parallel [--data-dir DIR] [--global N] [--steps N] "
-                   "[--warmup N] [--loader-workers N] [--bucket-mb N] [--no-torch] [--no-mpi] "
-                   "[--json FILE]\n");
+                   "[--warmup N] [--loader-workers N] [--bucket-mb N] [--repeats N] [--no-torch] "
+                   "[--no-mpi] [--json FILE]\n");
       std::exit(2);
     }
   }
-  if (o.global % 2 != 0 || o.steps == 0 || o.warmup == 0) {
-    std::fprintf(stderr, "bench_data_parallel: --global must be even, --steps and --warmup >= 1\n");
+  if (o.global % 2 != 0 || o.steps == 0 || o.warmup == 0 || o.repeats == 0) {
+    std::fprintf(stderr,
+                 "bench_data_parallel: --global must be even, --steps, --warmup and --repeats "
+                 ">= 1\n");
     std::exit(2);
   }
   return o;
@@ -181,13 +196,47 @@ double strata_one_rank(const options& o, int blas_threads, const sd::idx_dataset
   return timed_fit(t, o, train, test);
 }
 
+// Two 1-rank trainers of o.global / 2 samples per step on two threads at once; the sum of
+// their rates.
+double strata_independent(const options& o, const sd::idx_dataset& train,
+                          const sd::idx_dataset& test) {
+  set_blas_threads(1);
+  options half = o;
+  half.global = o.global / 2;
+  double rates[2] = {0.0, 0.0};
+  std::exception_ptr failures[2];
+  std::vector<std::thread> pool;
+  for (int i = 0; i < 2; ++i) {
+    pool.emplace_back([&, i] {
+      try {
+        auto cfg = config_for(half, 1);
+        cfg.checkpoint_dir += "-independent-" + std::to_string(i);
+        st::trainer<model_t> t(make_mlp(), cfg, {.print_progress = false});
+        rates[i] = timed_fit(t, half, train, test);
+      } catch (...) {
+        failures[i] = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : pool) {
+    t.join();
+  }
+  for (const auto& f : failures) {
+    if (f) {
+      std::rethrow_exception(f);
+    }
+  }
+  return rates[0] + rates[1];
+}
+
+template <class Policy>
 double strata_threads(const options& o, int ranks, const sd::idx_dataset& train,
                       const sd::idx_dataset& test) {
   set_blas_threads(1);
   double rate = 0.0;
   strata::comm::threads::run(ranks, [&](strata::comm::threads& c) {
-    st::trainer<model_t, strata::parallel::data<>> t(
-        make_mlp(), config_for(o, ranks), strata::comm::any_comm(c), {.print_progress = false});
+    st::trainer<model_t, Policy> t(make_mlp(), config_for(o, ranks), strata::comm::any_comm(c),
+                                   {.print_progress = false});
     const double r = timed_fit(t, o, train, test);
     if (c.rank() == 0) {
       rate = r;
@@ -268,13 +317,35 @@ int main(int argc, char** argv) {
     struct row {
       std::string name;
       double rate = 0.0;
+      double low = 0.0;  // the slowest and fastest of the repeats (strata in this process)
+      double high = 0.0;
     };
+    // The in-process strata configurations, each run o.repeats times in turns; medians.
+    const std::pair<const char*, std::function<double()>> configurations[] = {
+        {"strata 1 rank, 1 thread", [&] { return strata_one_rank(o, 1, train, test); }},
+        {"strata 1 rank, 2 BLAS threads", [&] { return strata_one_rank(o, 2, train, test); }},
+        {"strata 2 ranks (threads backend)",
+         [&] { return strata_threads<strata::parallel::data<>>(o, 2, train, test); }},
+        {"strata 2 ranks zero1 (threads backend)",
+         [&] { return strata_threads<strata::parallel::zero1>(o, 2, train, test); }},
+        {"2 independent trainers, no communication",
+         [&] { return strata_independent(o, train, test); }}};
+    std::vector<std::vector<double>> runs(std::size(configurations));
+    for (std::size_t r = 0; r < o.repeats; ++r) {
+      for (std::size_t c = 0; c < std::size(configurations); ++c) {
+        runs[c].push_back(configurations[c].second());
+      }
+    }
     std::vector<row> rows;
-    const double base = strata_one_rank(o, 1, train, test);
-    rows.push_back({"strata 1 rank, 1 thread", base});
-    rows.push_back({"strata 1 rank, 2 BLAS threads", strata_one_rank(o, 2, train, test)});
-    const double two_threads = strata_threads(o, 2, train, test);
-    rows.push_back({"strata 2 ranks (threads backend)", two_threads});
+    for (std::size_t c = 0; c < std::size(configurations); ++c) {
+      std::vector<double> v = runs[c];
+      std::sort(v.begin(), v.end());
+      rows.push_back({configurations[c].first, v[v.size() / 2], v.front(), v.back()});
+    }
+    const double base = rows[0].rate;
+    const double two_threads = rows[2].rate;
+    const double two_zero1 = rows[3].rate;
+    const double independent = rows[4].rate;
     std::optional<double> two_mpi;
 #ifdef STRATA_BENCH_MPI
     if (o.mpi) {
@@ -286,7 +357,7 @@ int main(int argc, char** argv) {
           std::to_string(o.bucket_mb) + " 2>/dev/null";
       if (auto j = run_json(command); j && j->contains("samples_per_s")) {
         two_mpi = j->at("samples_per_s").get<double>();
-        rows.push_back({"strata 2 ranks (MPI backend)", *two_mpi});
+        rows.push_back({"strata 2 ranks (MPI backend)", *two_mpi, *two_mpi, *two_mpi});
       }
     }
 #endif
@@ -309,25 +380,33 @@ int main(int argc, char** argv) {
         if (auto j = run_json(python + " " + script + args + common);
             j && j->contains("samples_per_s")) {
           const double rate = j->at("samples_per_s").get<double>();
-          rows.push_back({name, rate});
+          rows.push_back({name, rate, rate, rate});
           best_torch = std::max(best_torch, rate);
           torch_version = j->value("torch", "");
         }
       }
     }
     std::printf(
-        "# MLP 784-1024-1024-10, global batch %zu, %zu timed steps after %zu; baseline: "
-        "strata 1 rank, 1 thread = %.0f samples/s\n",
-        o.global, o.steps, o.warmup, base);
-    std::printf("%-44s %12s %10s\n", "configuration", "samples/s", "vs_base");
+        "# MLP 784-1024-1024-10, global batch %zu, %zu timed steps after %zu; strata: median "
+        "of %zu runs in turns (range: slowest-fastest); baseline: strata 1 rank, 1 thread = "
+        "%.0f samples/s\n",
+        o.global, o.steps, o.warmup, o.repeats, base);
+    std::printf("%-44s %12s %10s %16s\n", "configuration", "samples/s", "vs_base", "range");
     nlohmann::json out_rows = nlohmann::json::array();
     for (const auto& r : rows) {
-      std::printf("%-44s %12.0f %9.2fx\n", r.name.c_str(), r.rate, r.rate / base);
-      out_rows.push_back({{"configuration", r.name}, {"samples_per_s", r.rate}});
+      std::printf("%-44s %12.0f %9.2fx %8.0f-%-7.0f\n", r.name.c_str(), r.rate, r.rate / base,
+                  r.low, r.high);
+      out_rows.push_back({{"configuration", r.name},
+                          {"samples_per_s", r.rate},
+                          {"slowest", r.low},
+                          {"fastest", r.high}});
     }
     const double efficiency = two_threads / (2.0 * base);
-    std::printf("# scaling efficiency, 2 ranks (threads): %.1f%% (goal >= 90%%)\n",
-                100.0 * efficiency);
+    const double efficiency_zero1 = two_zero1 / (2.0 * base);
+    std::printf(
+        "# scaling efficiency, 2 ranks (threads): data<all_reduce> %.1f%%, zero1 %.1f%% "
+        "(goal >= 90%%); without communication (the ceiling): %.1f%%\n",
+        100.0 * efficiency, 100.0 * efficiency_zero1, 100.0 * independent / (2.0 * base));
     if (two_mpi) {
       std::printf("# scaling efficiency, 2 ranks (MPI): %.1f%%\n", 100.0 * *two_mpi / (2.0 * base));
     }
@@ -343,7 +422,10 @@ int main(int argc, char** argv) {
     if (!o.json_path.empty()) {
       std::ofstream(o.json_path) << nlohmann::json{{"global_batch", o.global},
                                                    {"rows", out_rows},
-                                                   {"efficiency_threads", efficiency}}
+                                                   {"efficiency_threads", efficiency},
+                                                   {"efficiency_zero1", efficiency_zero1},
+                                                   {"efficiency_ceiling",
+                                                    independent / (2.0 * base)}}
                                         .dump(2)
                                  << "\n";
     }
