@@ -166,12 +166,13 @@ struct data {
 };
 
 // parallel::zero1: data parallelism with the optimizer state sharded over the ranks (ZeRO stage
-// 1). The flat parameter and gradient buffers are padded to n equal shards; after the step's
-// backward, a reduce-scatter leaves each rank the average gradient of its shard only; each rank
-// updates its shard's parameters with its shard of the optimizer state (1/n of it per rank);
-// an all-gather gives every rank the whole updated parameters. Same numbers as data<all_reduce>
-// (the update is elementwise), 1/n of the optimizer memory per rank; the reduce-scatter runs after
-// backward, not overlapped with it. Checkpoints hold every rank's shard (rank-R.optimizer.bin).
+// 1). The flat parameter and gradient buffers are padded to n equal shards; as backward
+// completes each gradient bucket, its pieces are reduced (averaged) to the ranks that own them
+// (bucket_reducer with a shard size), so each rank ends with the average gradient of its shard;
+// each rank updates its shard's parameters with its shard of the optimizer state (1/n of it per
+// rank, 1/n of the update's work); an all-gather gives every rank the whole updated parameters.
+// Same numbers as data<all_reduce> (the update is elementwise), 1/n of the optimizer memory per
+// rank. Checkpoints hold every rank's shard (optimizer.shards.bin).
 struct zero1 {
   using policy_category = parallel_policy_tag;
   using sync_type = all_reduce;
