@@ -16,7 +16,10 @@
 // completion phase that keeps every buffer alive until all peers are done with it. Results are
 // identical on every rank and deterministic: each element is reduced once, in rank order.
 // Messages (send / recv) meet in the receiver's mailbox, matched on (source, tag) in the order
-// they were posted; the side that arrives second copies, once, between the two user buffers.
+// they were posted, and are copied once, between the two user buffers: by the side that arrives
+// second, unless the first is blocked waiting for it, which then copies itself (so that a rank
+// that posts a send_async and then a blocking recv, as in a ring exchange, does not do both
+// copies while its peer idles).
 //
 // Non-blocking collectives run on a per-communicator progress thread, started at the first of
 // them, in the order they were issued; a blocking collective issued while some are pending runs
@@ -820,6 +823,8 @@ class threads_core {
     post.dest = sending ? op.peer : rank_;
     post.tag = op.tag;
     post.sending = sending;
+    post.waiting = record == nullptr;
+    post.partner = nullptr;
     post.next = nullptr;
     post.state.store(post_state::idle, std::memory_order_relaxed);
     if (record != nullptr) {
@@ -829,20 +834,28 @@ class threads_core {
     if (record != nullptr) {
       return;
     }
-    const auto complete = [&post] {
+    // Settled, or handed the copy (done here, outside the wait: ready() runs under the bell's
+    // lock, and the copy rings it).
+    const auto settled = [&post] {
       const post_state s = post.state.load(std::memory_order_seq_cst);
-      return s == post_state::done || s == post_state::mismatch || s == post_state::withdrawn;
+      return s == post_state::done || s == post_state::mismatch || s == post_state::withdrawn ||
+             s == post_state::handoff;
     };
-    wait_until(world_->bell, budget(), complete, [&] { check_post(post, ctx); });
+    wait_until(world_->bell, budget(), settled, [&] { check_post(post, ctx); });
+    if (post.state.load(std::memory_order_seq_cst) == post_state::handoff) {
+      transfer(*post.partner, post);
+    }
     if (post.state.load(std::memory_order_seq_cst) == post_state::mismatch) {
       raise_message_mismatch(post, ctx.signature);
     }
   }
 
-  // Posts a message side; when the other side is waiting already, copies and completes both.
+  // Posts a message side; when the other side is posted already, matches them: copies and
+  // completes both, or, when the other side's owner is blocked waiting, leaves the copy to it.
   void deliver(p2p_post& post, bool sending) {
     mailbox& box = group_->mailboxes[static_cast<std::size_t>(post.dest)];
     p2p_post* other = nullptr;
+    bool hand_off = false;
     {
       const std::lock_guard guard(box.lock);
       other = take_first(sending ? box.recvs : box.sends, post.source, post.dest, post.tag);
@@ -851,11 +864,27 @@ class threads_core {
         append(sending ? box.sends : box.recvs, &post);
         return;
       }
-      other->state.store(post_state::matched, std::memory_order_seq_cst);
+      hand_off = other->waiting;
       post.state.store(post_state::matched, std::memory_order_seq_cst);
+      if (hand_off) {
+        other->partner = &post;
+        other->state.store(post_state::handoff, std::memory_order_seq_cst);
+      } else {
+        other->state.store(post_state::matched, std::memory_order_seq_cst);
+      }
     }
-    p2p_post& s = sending ? post : *other;
-    p2p_post& r = sending ? *other : post;
+    if (hand_off) {
+      world_->bell.ring();
+      return;
+    }
+    transfer(*other, post);
+  }
+
+  // Copies between a matched pair (or records their mismatch) and completes both; `mine` is the
+  // caller's, `theirs` may be freed by its owner as soon as its state changes, so it goes last.
+  void transfer(p2p_post& theirs, p2p_post& mine) {
+    p2p_post& s = mine.sending ? mine : theirs;
+    p2p_post& r = mine.sending ? theirs : mine;
     post_state outcome = post_state::done;
     if (s.count != r.count || s.type != r.type) {
       s.other_count = r.count;
@@ -867,9 +896,8 @@ class threads_core {
       const std::size_t bytes = s.count * size_of(s.type);
       copy_streaming(r.recv, s.send, bytes, 2 * bytes > streaming_footprint);
     }
-    // The other side may free its post as soon as it sees the outcome: touch it last.
-    post.state.store(outcome, std::memory_order_seq_cst);
-    other->state.store(outcome, std::memory_order_seq_cst);
+    mine.state.store(outcome, std::memory_order_seq_cst);
+    theirs.state.store(outcome, std::memory_order_seq_cst);
     world_->bell.ring();
   }
 

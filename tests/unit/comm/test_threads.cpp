@@ -485,6 +485,62 @@ TEST_CASE("threads: messages match on (source, tag) in order; send_async + recv 
   f.report();
 }
 
+TEST_CASE("threads: ring exchanges deliver every byte whichever side waits or arrives first") {
+  // A blocked side is handed the copy by a late partner; an unblocked (asynchronous) side is
+  // not. Mixes of both, with varied sizes and small random delays, must deliver every element.
+  failures f;
+  threads::run(4, [&](threads& c) {
+    const int me = c.rank();
+    const int next = (me + 1) % 4;
+    const int prev = (me + 3) % 4;
+    std::uint32_t seed = 12345u + static_cast<std::uint32_t>(me);
+    const auto delay = [&] {
+      seed = seed * 1664525u + 1013904223u;
+      const auto until = clock_type::now() + std::chrono::microseconds((seed >> 16) % 60);
+      while (clock_type::now() < until) {
+      }
+    };
+    for (int round = 0; round < 240; ++round) {
+      const std::size_t n = 1 + static_cast<std::size_t>(round * 97 % 20011);
+      std::vector<float> out(n);
+      std::vector<float> in(n, -1.0f);
+      for (std::size_t i = 0; i < n; ++i) {
+        out[i] = static_cast<float>(round * 8 + me) + static_cast<float>(i % 5) * 0.25f;
+      }
+      delay();
+      switch (round % 3) {
+        case 0: {  // send_async, then a blocking recv
+          auto s = c.send_async(out.data(), n, dtype::float32, next, round);
+          c.recv(in.data(), n, dtype::float32, prev, round);
+          s.wait();
+          break;
+        }
+        case 1: {  // recv_async, then a blocking send
+          auto r = c.recv_async(in.data(), n, dtype::float32, prev, round);
+          c.send(out.data(), n, dtype::float32, next, round);
+          r.wait();
+          break;
+        }
+        default:  // blocking both ways, in an order that cannot deadlock on a ring of 4
+          if (me % 2 == 0) {
+            c.send(out.data(), n, dtype::float32, next, round);
+            c.recv(in.data(), n, dtype::float32, prev, round);
+          } else {
+            c.recv(in.data(), n, dtype::float32, prev, round);
+            c.send(out.data(), n, dtype::float32, next, round);
+          }
+      }
+      bool right = true;
+      for (std::size_t i = 0; i < n; ++i) {
+        right = right &&
+                in[i] == static_cast<float>(round * 8 + prev) + static_cast<float>(i % 5) * 0.25f;
+      }
+      f.expect(right, "round " + std::to_string(round) + " on rank " + std::to_string(me));
+    }
+  });
+  f.report();
+}
+
 TEST_CASE("threads: messages and pending collectives do not hold each other back") {
   failures f;
   threads::run(2,
@@ -884,6 +940,22 @@ TEST_CASE("threads faults: faults in messages and in non-blocking operations") {
         strata::comm::send(c, v, 1);
       } else {
         strata::comm::recv(c, v, 0);
+      }
+    });
+    for (std::size_t r = 0; r < 2; ++r) {
+      REQUIRE(out.kinds[r].has_value());
+      CHECK(*out.kinds[r] == comm_error_kind::mismatch);
+    }
+  }
+  SUBCASE("a late asynchronous send of another count than a waiting recv") {
+    // The waiting side is handed the copy, finds the mismatch and reports it to both.
+    const auto out = run_with_faults(2, [](threads& c) {
+      std::vector<float> v(c.rank() == 0 ? 4 : 5);
+      if (c.rank() == 0) {
+        strata::comm::recv(c, v, 1);
+      } else {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        strata::comm::send_async(c, std::span<const float>(v), 0).wait();
       }
     });
     for (std::size_t r = 0; r < 2; ++r) {

@@ -288,6 +288,7 @@ enum class post_state : std::uint8_t {
   idle,
   posted,     // in a mailbox, unmatched
   matched,    // taken by the other side, being copied
+  handoff,    // matched by the other side, which left the copy to this post's waiting owner
   done,       // copied
   mismatch,   // matched with a message of another size or dtype; nothing copied
   withdrawn,  // taken back by its owner (timeout, failure, communicator destroyed)
@@ -303,6 +304,9 @@ struct p2p_post {
   int dest = -1;
   int tag = 0;
   bool sending = false;
+  // Its owner is blocked waiting for it (a blocking send or recv), so it may be handed the copy.
+  bool waiting = false;
+  p2p_post* partner = nullptr;  // the other side, when the state is handoff
   std::atomic<post_state> state{post_state::idle};
   // What the other side had, when the state is mismatch.
   std::size_t other_count = 0;
