@@ -463,6 +463,31 @@ TEST_CASE("zero1 shards the optimizer state and trains like data<all_reduce>") {
   }
 }
 
+TEST_CASE("zero1 with bfloat16 trains like data<all_reduce> with bfloat16") {
+  // Each bucket is rounded through bfloat16 as it starts and reduced to its shard's owner; the
+  // result must be data<all_reduce>'s, whose buckets are rounded the same way.
+  const auto config = [](const std::string& name) {
+    auto cfg = base_config(name);
+    cfg.world_size = 2;
+    cfg.batch_size_per_gpu = 32;
+    cfg.mixed_precision_dtype = strata::config::precision_dtype::bfloat16;
+    return cfg;
+  };
+  const auto dense = strata::test::run_thread_ranks<par::data<>, sp::bf16>(
+      2, config("zero1-bf16-dense"), small_model)[0];
+  const auto sharded =
+      strata::test::run_thread_ranks<par::zero1, sp::bf16>(2, config("zero1-bf16"), small_model)[0];
+  REQUIRE(sharded.steps.size() == dense.steps.size());
+  for (std::size_t i = 0; i < dense.steps.size(); ++i) {
+    CHECK(sharded.steps[i].loss == doctest::Approx(dense.steps[i].loss).epsilon(1e-6));
+  }
+  double worst = 0.0;
+  for (std::size_t i = 0; i < dense.params.size(); ++i) {
+    worst = std::max(worst, static_cast<double>(std::abs(sharded.params[i] - dense.params[i])));
+  }
+  CHECK(worst < 1e-6);
+}
+
 TEST_CASE("a zero1 run stopped and resumed matches an uninterrupted one") {
   auto cfg = base_config("zero1-straight");
   cfg.world_size = 2;
