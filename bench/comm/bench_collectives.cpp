@@ -5,7 +5,7 @@
 //   bench_collectives --backend threads --ranks 2        threads backend; raw MPI baseline from a
 //                                                        child `mpiexec -n 2` of this binary
 //   mpiexec -n 2 bench_collectives --backend mpi         strata's MPI backend and raw MPI, same
-//                                                        processes, same buffers
+//                                                        processes, same buffers, in turns
 //   ... --min 4K --max 64M --ops all_reduce,all_gather --place both --json out.json
 //
 // Columns: size (bytes of the largest buffer, as nccl-tests), time (us per call, max over ranks,
@@ -125,13 +125,18 @@ int agree_iterations(double one_call_seconds, double seconds, AllMax&& all_max) 
   return static_cast<int>(all_max(guess));
 }
 
-// Runs one op on a backend (strata or raw MPI) through three callables:
-// run(op, in_place, buffers) performs the call (in place: on `out` alone); all_max(x) is a max
-// all-reduce of a double; barrier().
-template <class Run, class AllMax, class Barrier>
-std::vector<row> sweep(const options& o, int rank, int n, Run&& run, AllMax&& all_max,
-                       Barrier&& barrier) {
-  std::vector<row> rows;
+// run(op, in_place, buffers) performs one call (in place: on `out` alone).
+using runner = std::function<void(const std::string&, bool, op_buffers&)>;
+
+// Runs every op and size on one or more runners (strata, raw MPI) through all_max(x), a max
+// all-reduce of a double, and barrier(); returns each runner's rows. With several runners each
+// size is timed in turns, a block of calls of each runner after the other, so that slow spells
+// of the machine hit them alike.
+template <class AllMax, class Barrier>
+std::vector<std::vector<row>> sweep_many(const options& o, int rank, int n,
+                                         const std::vector<runner>& runs, AllMax&& all_max,
+                                         Barrier&& barrier) {
+  std::vector<std::vector<row>> rows(runs.size());
   for (const auto& op : o.ops) {
     if (op == "send_recv" && n < 2) {
       continue;
@@ -150,75 +155,90 @@ std::vector<row> sweep(const options& o, int rank, int n, Run&& run, AllMax&& al
           in_count = total / un;
           out_count = in_count * un;
         }
-        b.in.assign(in_count, 0.0f);
-        b.out.assign(out_count, 0.0f);
-        // Correctness: inputs rank + 1 (+ index pattern), checked once.
-        for (std::size_t i = 0; i < in_count; ++i) {
-          b.in[i] = static_cast<float>(rank + 1) + static_cast<float>(i % 3);
-        }
-        if (in_place) {  // the input where the call reads it: all of `out`, or this rank's block
-          const std::size_t at = op == "all_gather" ? static_cast<std::size_t>(rank) * in_count : 0;
-          std::copy(b.in.begin(), b.in.end(), b.out.begin() + static_cast<std::ptrdiff_t>(at));
-        }
-        run(op, in_place, b);
-        std::size_t wrong = 0;
-        const float rank_sum = static_cast<float>(n * (n + 1) / 2);
-        for (std::size_t i = 0; i < out_count; ++i) {
-          float want = 0.0f;
-          if (op == "all_reduce") {
-            want = rank_sum + static_cast<float>(n) * static_cast<float>(i % 3);
-          } else if (op == "reduce_scatter") {
-            const std::size_t g = static_cast<std::size_t>(rank) * out_count + i;
-            want = rank_sum + static_cast<float>(n) * static_cast<float>(g % 3);
-          } else if (op == "all_gather") {
-            const std::size_t src = in_count == 0 ? 0 : i / in_count;
-            want = static_cast<float>(src + 1) + static_cast<float>((i % in_count) % 3);
-          } else if (op == "broadcast") {
-            want = 1.0f + static_cast<float>(i % 3);  // from root 0
-          } else {                                    // send_recv: ring, from the left neighbour
-            const int left = (rank + n - 1) % n;
-            want = static_cast<float>(left + 1) + static_cast<float>(i % 3);
+        std::vector<std::size_t> wrong(runs.size(), 0);
+        std::vector<int> per_chunk(runs.size(), 1);
+        for (std::size_t k = 0; k < runs.size(); ++k) {
+          const runner& run = runs[k];
+          b.in.assign(in_count, 0.0f);
+          b.out.assign(out_count, 0.0f);
+          // Correctness: inputs rank + 1 (+ index pattern), checked once.
+          for (std::size_t i = 0; i < in_count; ++i) {
+            b.in[i] = static_cast<float>(rank + 1) + static_cast<float>(i % 3);
           }
-          wrong += b.out[i] == want ? 0 : 1;
-        }
-        // Warm-up apart from measurement, then repeats.
-        barrier();
-        const auto t0 = clock_type::now();
-        run(op, in_place, b);
-        run(op, in_place, b);
-        const double warm = std::chrono::duration<double>(clock_type::now() - t0).count() / 2;
-        const int iters = agree_iterations(warm, o.seconds_per_size, all_max);
-        std::vector<double> repeats;
-        const int chunks = 5;
-        const int per_chunk = std::max(1, iters / chunks);
-        for (int c = 0; c < chunks; ++c) {
+          if (in_place) {  // the input where the call reads it: all of `out`, or this rank's block
+            const std::size_t at =
+                op == "all_gather" ? static_cast<std::size_t>(rank) * in_count : 0;
+            std::copy(b.in.begin(), b.in.end(), b.out.begin() + static_cast<std::ptrdiff_t>(at));
+          }
+          run(op, in_place, b);
+          const float rank_sum = static_cast<float>(n * (n + 1) / 2);
+          for (std::size_t i = 0; i < out_count; ++i) {
+            float want = 0.0f;
+            if (op == "all_reduce") {
+              want = rank_sum + static_cast<float>(n) * static_cast<float>(i % 3);
+            } else if (op == "reduce_scatter") {
+              const std::size_t g = static_cast<std::size_t>(rank) * out_count + i;
+              want = rank_sum + static_cast<float>(n) * static_cast<float>(g % 3);
+            } else if (op == "all_gather") {
+              const std::size_t src = in_count == 0 ? 0 : i / in_count;
+              want = static_cast<float>(src + 1) + static_cast<float>((i % in_count) % 3);
+            } else if (op == "broadcast") {
+              want = 1.0f + static_cast<float>(i % 3);  // from root 0
+            } else {                                    // send_recv: ring, from the left neighbour
+              const int left = (rank + n - 1) % n;
+              want = static_cast<float>(left + 1) + static_cast<float>(i % 3);
+            }
+            wrong[k] += b.out[i] == want ? 0 : 1;
+          }
+          // Warm-up apart from measurement.
           barrier();
-          const auto start = clock_type::now();
-          for (int i = 0; i < per_chunk; ++i) {
-            run(op, in_place, b);
-          }
-          const double local = std::chrono::duration<double>(clock_type::now() - start).count();
-          repeats.push_back(all_max(local) / per_chunk);
+          const auto t0 = clock_type::now();
+          run(op, in_place, b);
+          run(op, in_place, b);
+          const double warm = std::chrono::duration<double>(clock_type::now() - t0).count() / 2;
+          per_chunk[k] = std::max(1, agree_iterations(warm, o.seconds_per_size, all_max) / 5);
         }
-        std::sort(repeats.begin(), repeats.end());
-        rows.push_back(row{.op = op,
-                           .in_place = in_place,
-                           .bytes = bytes,
-                           .seconds = repeats[repeats.size() / 2],
-                           .wrong = static_cast<std::size_t>(all_max(static_cast<double>(wrong)))});
+        // Repeats: 5 blocks of calls per runner, in turns.
+        std::vector<std::vector<double>> repeats(runs.size());
+        for (int c = 0; c < 5; ++c) {
+          for (std::size_t k = 0; k < runs.size(); ++k) {
+            barrier();
+            const auto start = clock_type::now();
+            for (int i = 0; i < per_chunk[k]; ++i) {
+              runs[k](op, in_place, b);
+            }
+            const double local = std::chrono::duration<double>(clock_type::now() - start).count();
+            repeats[k].push_back(all_max(local) / per_chunk[k]);
+          }
+        }
+        for (std::size_t k = 0; k < runs.size(); ++k) {
+          std::sort(repeats[k].begin(), repeats[k].end());
+          rows[k].push_back(
+              row{.op = op,
+                  .in_place = in_place,
+                  .bytes = bytes,
+                  .seconds = repeats[k][repeats[k].size() / 2],
+                  .wrong = static_cast<std::size_t>(all_max(static_cast<double>(wrong[k])))});
+        }
       }
     }
   }
   return rows;
 }
 
+template <class AllMax, class Barrier>
+std::vector<row> sweep(const options& o, int rank, int n, const runner& run, AllMax&& all_max,
+                       Barrier&& barrier) {
+  return sweep_many(o, rank, n, {run}, all_max, barrier)[0];
+}
+
 // ---- strata backends ----------------------------------------------------------------------------
 
 template <sc::comm_backend C>
-std::vector<row> sweep_strata(const options& o, C& c) {
+runner strata_runner(C& c) {
   const int n = c.size();
   const int rank = c.rank();
-  auto run = [&](const std::string& op, bool in_place, op_buffers& b) {
+  return [&c, n, rank](const std::string& op, bool in_place, op_buffers& b) {
     if (op == "all_reduce" && in_place) {
       sc::all_reduce(c, b.out, sc::reduce_op::sum);
     } else if (op == "all_gather" && in_place) {
@@ -243,17 +263,20 @@ std::vector<row> sweep_strata(const options& o, C& c) {
       r.wait();
     }
   };
+}
+
+template <sc::comm_backend C>
+std::vector<row> sweep_strata(const options& o, C& c) {
   auto all_max = [&](double x) {
     std::vector<double> v{x};
     sc::all_reduce(c, v, sc::reduce_op::max);
     return v[0];
   };
   auto barrier = [&] { c.barrier(); };
-  return sweep(o, rank, n, run, all_max, barrier);
+  return sweep(o, c.rank(), c.size(), strata_runner(c), all_max, barrier);
 }
 
-// ---- the bare reduction, the limit of all_reduce
-// -------------------------------------------------
+// ---- the bare reduction, the limit of all_reduce -------------------------------------------
 
 // all_reduce as plain loops: n threads, thread r sums slice r of every input and stores the sum
 // into every output, between two spin barriers; no checks, no fingerprint, no bookkeeping. What
@@ -371,12 +394,12 @@ std::vector<row> sweep_bare(const options& o) {
 
 // ---- raw MPI, the baseline ---------------------------------------------------------------------
 
-std::vector<row> sweep_raw_mpi(const options& o) {
+runner raw_mpi_runner() {
   int rank = 0;
   int n = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &n);
-  auto run = [&](const std::string& op, bool in_place, op_buffers& b) {
+  return [rank, n](const std::string& op, bool in_place, op_buffers& b) {
     const int in = static_cast<int>(b.in.size());
     const int out = static_cast<int>(b.out.size());
     if (op == "all_reduce" && in_place) {
@@ -400,13 +423,30 @@ std::vector<row> sweep_raw_mpi(const options& o) {
                    (rank + n - 1) % n, 1, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
     }
   };
-  auto all_max = [&](double x) {
-    double y = 0.0;
-    MPI_Allreduce(&x, &y, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-    return y;
-  };
-  auto barrier = [&] { MPI_Barrier(MPI_COMM_WORLD); };
-  return sweep(o, rank, n, run, all_max, barrier);
+}
+
+double raw_all_max(double x) {
+  double y = 0.0;
+  MPI_Allreduce(&x, &y, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  return y;
+}
+
+void raw_barrier() {
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+// Raw MPI alone (the baseline of the threads backend, in a child mpiexec), or raw MPI and
+// strata's MPI backend in the same processes and buffers, in turns: {raw rows, strata rows}.
+std::vector<std::vector<row>> sweep_mpi(const options& o, sc::mpi* strata) {
+  int rank = 0;
+  int n = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  std::vector<runner> runs{raw_mpi_runner()};
+  if (strata != nullptr) {
+    runs.push_back(strata_runner(*strata));
+  }
+  return sweep_many(o, rank, n, runs, raw_all_max, raw_barrier);
 }
 
 // ---- output -------------------------------------------------------------------------------------
@@ -634,18 +674,21 @@ int main(int argc, char** argv) {
     int n = 1;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &n);
-    const auto raw = sweep_raw_mpi(o);
     if (o.backend == "raw-mpi") {
+      const auto raw = sweep_mpi(o, nullptr)[0];
       if (rank == 0) {
         write_json(o, "raw-mpi", n, raw, nullptr, 0.0);
       }
       return 0;
     }
+    std::vector<row> raw;
     std::vector<row> rows;
     {
       auto world = sc::mpi::world(
           sc::comm_config{.timeout = 120.0, .fingerprint = sc::fingerprint_mode::sampled});
-      rows = sweep_strata(o, world);
+      auto both = sweep_mpi(o, &world);
+      raw = std::move(both[0]);
+      rows = std::move(both[1]);
     }
     if (rank == 0) {
       const double copy = memcpy_bandwidth();
