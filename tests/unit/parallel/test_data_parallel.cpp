@@ -424,6 +424,20 @@ std::pair<run_record, std::size_t> run_zero1(int ranks, const strata::config::tr
   return {records[0], held};
 }
 
+// A zero1 run trained like the data<all_reduce> one: every step's loss, and the parameters (the
+// zero1 store has padding at the end), within 1e-6.
+void check_like_dense(const run_record& sharded, const run_record& dense) {
+  REQUIRE(sharded.steps.size() == dense.steps.size());
+  for (std::size_t i = 0; i < dense.steps.size(); ++i) {
+    CHECK(sharded.steps[i].loss == doctest::Approx(dense.steps[i].loss).epsilon(1e-6));
+  }
+  double worst = 0.0;
+  for (std::size_t i = 0; i < dense.params.size(); ++i) {
+    worst = std::max(worst, static_cast<double>(std::abs(sharded.params[i] - dense.params[i])));
+  }
+  CHECK(worst < 1e-6);
+}
+
 }  // namespace
 
 TEST_CASE("zero1 shards the optimizer state and trains like data<all_reduce>") {
@@ -441,16 +455,7 @@ TEST_CASE("zero1 shards the optimizer state and trains like data<all_reduce>") {
     zcfg.optimizer = strata::config::optimizer_kind::adamw;
     zcfg.lr = 0.01;
     const auto [sharded, held] = run_zero1(ranks, zcfg);
-    REQUIRE(sharded.steps.size() == dense.steps.size());
-    for (std::size_t i = 0; i < dense.steps.size(); ++i) {
-      CHECK(sharded.steps[i].loss == doctest::Approx(dense.steps[i].loss).epsilon(1e-6));
-    }
-    // The same parameters (the zero1 store has padding at the end).
-    double worst = 0.0;
-    for (std::size_t i = 0; i < dense.params.size(); ++i) {
-      worst = std::max(worst, static_cast<double>(std::abs(sharded.params[i] - dense.params[i])));
-    }
-    CHECK(worst < 1e-6);
+    check_like_dense(sharded, dense);
     // Memory: every rank holds all parameters and gradients and 1/n of AdamW's two moments.
     const auto per_rank = st::estimate_memory(
         small_model(), 1,
@@ -477,15 +482,7 @@ TEST_CASE("zero1 with bfloat16 trains like data<all_reduce> with bfloat16") {
       2, config("zero1-bf16-dense"), small_model)[0];
   const auto sharded =
       strata::test::run_thread_ranks<par::zero1, sp::bf16>(2, config("zero1-bf16"), small_model)[0];
-  REQUIRE(sharded.steps.size() == dense.steps.size());
-  for (std::size_t i = 0; i < dense.steps.size(); ++i) {
-    CHECK(sharded.steps[i].loss == doctest::Approx(dense.steps[i].loss).epsilon(1e-6));
-  }
-  double worst = 0.0;
-  for (std::size_t i = 0; i < dense.params.size(); ++i) {
-    worst = std::max(worst, static_cast<double>(std::abs(sharded.params[i] - dense.params[i])));
-  }
-  CHECK(worst < 1e-6);
+  check_like_dense(sharded, dense);
 }
 
 TEST_CASE("a zero1 run stopped and resumed matches an uninterrupted one") {
