@@ -226,12 +226,6 @@ std::vector<std::vector<row>> sweep_many(const options& o, int rank, int n,
   return rows;
 }
 
-template <class AllMax, class Barrier>
-std::vector<row> sweep(const options& o, int rank, int n, const runner& run, AllMax&& all_max,
-                       Barrier&& barrier) {
-  return sweep_many(o, rank, n, {run}, all_max, barrier)[0];
-}
-
 // ---- strata backends ----------------------------------------------------------------------------
 
 template <sc::comm_backend C>
@@ -273,7 +267,7 @@ std::vector<row> sweep_strata(const options& o, C& c) {
     return v[0];
   };
   auto barrier = [&] { c.barrier(); };
-  return sweep(o, c.rank(), c.size(), strata_runner(c), all_max, barrier);
+  return sweep_many(o, c.rank(), c.size(), {strata_runner(c)}, all_max, barrier)[0];
 }
 
 // ---- the bare reduction, the limit of all_reduce -------------------------------------------
@@ -347,11 +341,23 @@ std::vector<row> sweep_bare(const options& o) {
         }
       };
       std::atomic<int> iterations{0};
+      std::size_t wrong = 0;
       std::vector<double> repeats;
       std::vector<std::thread> pool;
       for (std::size_t r = 0; r < un; ++r) {
         pool.emplace_back([&, r] {
           std::uint64_t generation = 0;
+          // One checked call: every output holds 1 + 2 + ... + n (the inputs are q + 1).
+          barrier(generation);
+          reduce_slice(r);
+          barrier(generation);
+          if (r == 0) {
+            const auto want = static_cast<float>(un * (un + 1) / 2);
+            for (const auto& o_q : out) {
+              wrong += static_cast<std::size_t>(
+                  std::count_if(o_q.begin(), o_q.end(), [want](float v) { return v != want; }));
+            }
+          }
           barrier(generation);
           const auto t0 = clock_type::now();
           reduce_slice(r);
@@ -359,8 +365,7 @@ std::vector<row> sweep_bare(const options& o) {
           barrier(generation);
           if (r == 0) {
             const double warm = std::chrono::duration<double>(clock_type::now() - t0).count() / 2;
-            iterations = static_cast<int>(
-                std::clamp(warm > 0 ? o.seconds_per_size / warm : 1000.0, 5.0, 20000.0));
+            iterations = agree_iterations(warm, o.seconds_per_size, [](double x) { return x; });
           }
           barrier(generation);
           const int per_chunk = std::max(1, iterations.load() / 5);
@@ -386,7 +391,7 @@ std::vector<row> sweep_bare(const options& o) {
                          .in_place = in_place,
                          .bytes = bytes,
                          .seconds = repeats[repeats.size() / 2],
-                         .wrong = 0});
+                         .wrong = wrong});
     }
   }
   return rows;
@@ -534,7 +539,9 @@ void print_table(const std::string& title, const std::vector<row>& rows, int n,
           limit = &x;
         }
       }
-      if (limit != nullptr) {
+      if (limit != nullptr && limit->wrong != 0) {
+        std::printf(" %10s %7s", "wrong", "-");  // a limit that computed garbage is no limit
+      } else if (limit != nullptr) {
         std::printf(" %10.2f %6.0f%%", limit->seconds * 1e6, 100.0 * limit->seconds / r.seconds);
       }
     }
