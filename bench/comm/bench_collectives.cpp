@@ -136,6 +136,7 @@ template <class AllMax, class Barrier>
 std::vector<std::vector<row>> sweep_many(const options& o, int rank, int n,
                                          const std::vector<runner>& runs, AllMax&& all_max,
                                          Barrier&& barrier) {
+  constexpr int turns = 11;
   std::vector<std::vector<row>> rows(runs.size());
   for (const auto& op : o.ops) {
     if (op == "send_recv" && n < 2) {
@@ -196,12 +197,14 @@ std::vector<std::vector<row>> sweep_many(const options& o, int rank, int n,
           run(op, in_place, b);
           run(op, in_place, b);
           const double warm = std::chrono::duration<double>(clock_type::now() - t0).count() / 2;
-          per_chunk[k] = std::max(1, agree_iterations(warm, o.seconds_per_size, all_max) / 5);
+          per_chunk[k] = std::max(1, agree_iterations(warm, o.seconds_per_size, all_max) / turns);
         }
-        // Repeats: 5 blocks of calls per runner, in turns.
+        // Repeats: `turns` blocks of calls per runner, in turns, the order reversed every other
+        // turn (a block right after another runner's is slightly slower); the median block counts.
         std::vector<std::vector<double>> repeats(runs.size());
-        for (int c = 0; c < 5; ++c) {
-          for (std::size_t k = 0; k < runs.size(); ++k) {
+        for (int c = 0; c < turns; ++c) {
+          for (std::size_t j = 0; j < runs.size(); ++j) {
+            const std::size_t k = c % 2 == 0 ? j : runs.size() - 1 - j;
             barrier();
             const auto start = clock_type::now();
             for (int i = 0; i < per_chunk[k]; ++i) {

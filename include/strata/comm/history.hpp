@@ -31,13 +31,18 @@ class op_history {
 
   // Records an operation as started; returns its slot for later status updates.
   std::size_t start(const op_signature& signature, int peer = -1, int tag = -1) {
+    return start(signature, peer, tag, std::chrono::steady_clock::now());
+  }
+  // The same, with the start time the caller has already read.
+  std::size_t start(const op_signature& signature, int peer, int tag,
+                    std::chrono::steady_clock::time_point started_at) {
     const std::lock_guard lock(mutex_);
     const std::size_t slot = next_ % records_.size();
     records_[slot] = op_record{.signature = signature,
                                .peer = peer,
                                .tag = tag,
                                .status = op_status::started,
-                               .started_at = std::chrono::steady_clock::now()};
+                               .started_at = started_at};
     ++next_;
     return slot;
   }

@@ -19,6 +19,7 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <csignal>
@@ -627,30 +628,43 @@ class mpi_watchdog {
     }
   }
 
-  // Arming and disarming take an uncontended lock and wake nobody: the watchdog looks every
-  // `poll` (deadlines are seconds), so a blocking call costs no system call for its deadline.
+  // Arming and disarming are an atomic store each and wake nobody: the watchdog looks every
+  // `poll` (deadlines are seconds), so a blocking call costs no lock and no system call for its
+  // deadline.
   void arm(const mpi_pending* p) {
-    const std::lock_guard lock(mutex_);
-    watched_ = p;
-    if (!thread_.joinable()) {
-      thread_ = std::thread([this] { loop(); });
+    if (!started_.load(std::memory_order_acquire)) {
+      start();
     }
+    watched_.store(p, std::memory_order_release);
   }
 
+  // After disarm() returns, the watchdog no longer looks at the call it watched: either it sees
+  // the null store, or disarm sees it looking and waits (both sides are sequentially consistent).
   void disarm() noexcept {
-    const std::lock_guard lock(mutex_);
-    watched_ = nullptr;
+    watched_.store(nullptr, std::memory_order_seq_cst);
+    while (looking_.load(std::memory_order_seq_cst)) {
+      std::this_thread::yield();
+    }
   }
 
  private:
   static constexpr std::chrono::milliseconds poll{50};
 
   mpi_watchdog() = default;
+  void start() {
+    const std::lock_guard lock(mutex_);
+    if (!thread_.joinable()) {
+      thread_ = std::thread([this] { loop(); });
+    }
+    started_.store(true, std::memory_order_release);
+  }
   void loop();
 
-  std::mutex mutex_;
+  std::mutex mutex_;  // stop_ and the thread's start
   std::condition_variable wake_;
-  const mpi_pending* watched_ = nullptr;
+  std::atomic<const mpi_pending*> watched_{nullptr};
+  std::atomic<bool> looking_{false};
+  std::atomic<bool> started_{false};
   bool stop_ = false;
   std::thread thread_;
 };
@@ -668,10 +682,16 @@ inline void mpi_watchdog::loop() {
   std::unique_lock lock(mutex_);
   while (!stop_) {
     wake_.wait_for(lock, poll);
-    // Holding the lock keeps the watched call alive: its disarm waits for us.
-    if (!stop_ && watched_ != nullptr && watched_->until.expired()) {
-      watched_->timeout();  // prints and aborts the job; does not return
+    if (stop_) {
+      break;
     }
+    // While `looking_` is set, the watched call stays alive: its disarm waits for it.
+    looking_.store(true, std::memory_order_seq_cst);
+    const mpi_pending* p = watched_.load(std::memory_order_seq_cst);
+    if (p != nullptr && p->until.expired()) {
+      p->timeout();  // prints and aborts the job; does not return
+    }
+    looking_.store(false, std::memory_order_seq_cst);
   }
 }
 
@@ -821,7 +841,9 @@ inline bool complete(mpi_pending& p) {
   }
   int done = 0;
   MPI_Status status{};
-  const int rc = MPI_Test(&p.request, &done, &status);
+  // A blocking call has finished when it is posted: nothing to ask MPI.
+  const int rc = p.request == MPI_REQUEST_NULL ? (done = 1, MPI_SUCCESS)
+                                               : MPI_Test(&p.request, &done, &status);
   if (rc != MPI_SUCCESS) {
     int error_class = 0;
     MPI_Error_class(rc, &error_class);
@@ -1335,7 +1357,8 @@ class mpi {
                                 .type = c.type,
                                 .reduction = c.reduces ? c.op : reduce_op::sum,
                                 .reduces = static_cast<std::uint8_t>(c.reduces ? 1 : 0)};
-    p->until = deadline::after(s.config.timeout);
+    const auto now = deadline::clock::now();
+    p->until = deadline::after(s.config.timeout, now);
     p->send = c.send;
     p->recv = c.recv;
     p->in_place = c.in_place;
@@ -1358,7 +1381,7 @@ class mpi {
         p->recv = p->scratch_send.data();
       }
     }
-    p->slot = s.history.start(p->signature);
+    p->slot = s.history.start(p->signature, -1, -1, now);
     p->blocking = std::exchange(blocking_next_, false);
     if (always_check || should_fingerprint(s.config, sequence)) {
       p->words_out = fingerprint_check_words(p->signature);

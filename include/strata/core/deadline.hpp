@@ -14,12 +14,14 @@ class deadline {
   using clock = std::chrono::steady_clock;
 
   // A deadline `seconds` from now; a non-positive or infinite value never expires.
-  static deadline after(double seconds) noexcept {
+  static deadline after(double seconds) noexcept { return after(seconds, clock::now()); }
+  // A deadline `seconds` from `from` (a time the caller has just read, to save a clock read).
+  static deadline after(double seconds, clock::time_point from) noexcept {
     if (!(seconds > 0.0) || seconds >= 1e9) {
       return never();
     }
-    return deadline(clock::now() + std::chrono::duration_cast<clock::duration>(
-                                       std::chrono::duration<double>(seconds)));
+    return deadline(
+        from + std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(seconds)));
   }
   static deadline never() noexcept { return deadline(clock::time_point::max()); }
 

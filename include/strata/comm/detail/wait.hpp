@@ -25,7 +25,12 @@ inline std::string seconds_text(double seconds) {
 class poll_backoff {
  public:
   void pause() {
-    const auto waited = std::chrono::steady_clock::now() - start_;
+    const auto now = std::chrono::steady_clock::now();
+    if (start_ == std::chrono::steady_clock::time_point{}) {
+      start_ = now;  // the clock starts at the first pause: an operation done at once reads none
+      return;
+    }
+    const auto waited = now - start_;
     if (waited < std::chrono::milliseconds(2)) {
       return;
     }
@@ -38,12 +43,12 @@ class poll_backoff {
   }
 
   void restart() {
-    start_ = std::chrono::steady_clock::now();
+    start_ = {};
     sleep_ = std::chrono::microseconds(5);
   }
 
  private:
-  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+  std::chrono::steady_clock::time_point start_{};
   std::chrono::microseconds sleep_{5};
 };
 
