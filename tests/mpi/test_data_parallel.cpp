@@ -120,7 +120,17 @@ void check_against_one_process(const std::string& name, Adjust adjust) {
 }  // namespace
 
 TEST_CASE("N processes with B/N samples each train like one process with B") {
+  // bucket_launch = auto reduces each bucket by a blocking call over MPI.
+  static_assert(!strata::comm::nonblocking_progresses<mpi>);
+  auto world = mpi::world();
+  CHECK_FALSE(strata::comm::any_comm(world).progresses_nonblocking());
   check_against_one_process<strata::parallel::data<>>("parallel", [](auto&) {});
+}
+
+TEST_CASE("over MPI, bucket_launch = async (non-blocking buckets) also trains like one process") {
+  check_against_one_process<strata::parallel::data<>>("parallel-async", [](auto& cfg) {
+    cfg.bucket_launch = strata::config::bucket_launch_kind::async;
+  });
 }
 
 TEST_CASE("zero1 over MPI trains like one process and holds 1/N of the optimizer state") {

@@ -115,6 +115,8 @@ class any_comm {
   int rank() const noexcept { return ops_->rank(self_); }
   int size() const noexcept { return ops_->size(self_); }
   const comm_config& config() const noexcept { return ops_->config(self_); }
+  // The wrapped backend's comm::nonblocking_progresses (see concepts.hpp).
+  bool progresses_nonblocking() const noexcept { return ops_->progresses_nonblocking(); }
 
   // ---- untyped: the contract's signatures -----------------------------------------------------
 
@@ -237,6 +239,7 @@ class any_comm {
     virtual int rank(const void* c) const noexcept = 0;
     virtual int size(const void* c) const noexcept = 0;
     virtual const comm_config& config(const void* c) const noexcept = 0;
+    virtual bool progresses_nonblocking() const noexcept = 0;
     virtual void all_reduce(void* c, const void* s, void* r, std::size_t n, dtype t,
                             reduce_op op) const = 0;
     virtual request all_reduce_async(void* c, const void* s, void* r, std::size_t n, dtype t,
@@ -282,6 +285,7 @@ class any_comm {
     int rank(const void* c) const noexcept override { return self(c).rank(); }
     int size(const void* c) const noexcept override { return self(c).size(); }
     const comm_config& config(const void* c) const noexcept override { return self(c).config(); }
+    bool progresses_nonblocking() const noexcept override { return nonblocking_progresses<C>; }
     void all_reduce(void* c, const void* s, void* r, std::size_t n, dtype t,
                     reduce_op op) const override {
       self(c).all_reduce(s, r, n, t, op);

@@ -135,6 +135,20 @@ concept comm_backend = comm_backend_tagged<C> && comm_backend_identity<C> &&
     comm_backend_requests<C> && comm_backend_collectives<C> && comm_backend_nonblocking<C> &&
     comm_backend_point_to_point<C> && comm_backend_splits<C>;
 
+// Optional: `static constexpr bool nonblocking_progresses = false;` says that the backend's
+// non-blocking collectives advance only while some call of this rank polls them (test / wait),
+// as Open MPI's do, so that starting one early overlaps little and a blocking call at the same
+// point is the faster choice (parallel::bucket_reducer's `bucket_launch = auto` reads it).
+// Backends that say nothing progress on their own.
+template <class C>
+inline constexpr bool nonblocking_progresses = [] {
+  if constexpr (requires { C::nonblocking_progresses; }) {
+    return static_cast<bool>(C::nonblocking_progresses);
+  } else {
+    return true;
+  }
+}();
+
 // One readable error per missing requirement, for the places where policies meet (nvcc reports
 // only "failed deduction" for an unsatisfied concept).
 template <class C>

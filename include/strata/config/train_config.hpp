@@ -30,6 +30,7 @@ enum class pipeline_schedule_kind { gpipe, one_f_one_b, interleaved_1f1b };
 enum class gradient_sync_kind { all_reduce, parameter_server, hierarchical, all_gather };
 enum class compression_kind { none, float16, bfloat16, topk };
 enum class sampler_remainder_kind { pad, drop };
+enum class bucket_launch_kind { automatic, async, blocking };
 
 // The spelling of each enum value in TOML and on the command line.
 template <class E>
@@ -63,6 +64,11 @@ struct enum_names<gradient_sync_kind> {
 template <>
 struct enum_names<compression_kind> {
   static constexpr std::array<std::string_view, 4> names{"none", "float16", "bfloat16", "topk"};
+};
+
+template <>
+struct enum_names<bucket_launch_kind> {
+  static constexpr std::array<std::string_view, 3> names{"auto", "async", "blocking"};
 };
 
 template <>
@@ -160,6 +166,7 @@ struct train_config {
   std::int64_t micro_batches = 1;
   gradient_sync_kind gradient_sync = gradient_sync_kind::all_reduce;
   std::int64_t bucket_size_mb = 25;
+  bucket_launch_kind bucket_launch = bucket_launch_kind::automatic;
   compression_kind gradient_compression = compression_kind::none;
   double topk_ratio = 0.01;
   std::int64_t hierarchy_group_size = 0;        // gradient_sync = hierarchical; 0 = automatic
@@ -313,6 +320,12 @@ constexpr void visit_keys(Visitor&& v) {
                                  "How data-parallel ranks combine gradients."});
   v(int_key{"bucket_size_mb", &c::bucket_size_mb, 1, 1 << 16,
             "Gradient bucket size for all-reduce overlapped with backward, MiB."});
+  v(enum_key<bucket_launch_kind>{
+      "bucket_launch", &c::bucket_launch,
+      "How a gradient bucket's reduction starts once backward completes it: async (a "
+      "non-blocking collective, waited for before the optimizer step), blocking (reduced on the "
+      "spot; faster where non-blocking collectives progress only when polled, as Open MPI's), "
+      "auto (blocking on comm::mpi, async on the others)."});
   v(enum_key<compression_kind>{"gradient_compression", &c::gradient_compression,
                                "Gradient compression before communication."});
   v(real_key{"topk_ratio", &c::topk_ratio, 0.0, 1.0, true,

@@ -277,9 +277,18 @@ class bucket_reducer {
   // wire: the type the buckets travel in (float32, or float16 / bfloat16 for compress::cast).
   // shard: 0 for an all-reduce of every bucket, else the floats of each rank's shard (float32
   // on the wire only).
+  // blocking: reduce each bucket with a blocking call as it becomes whole, instead of starting a
+  // non-blocking one that finish() waits for (for backends whose non-blocking collectives
+  // progress only when polled; see bucket_launch in config/).
   bucket_reducer(comm::any_comm comm, std::vector<grad_bucket> buckets,
-                 dtype storage = dtype::float32, dtype wire = dtype::float32, std::size_t shard = 0)
-      : comm_(comm), buckets_(std::move(buckets)), storage_(storage), wire_(wire), shard_(shard) {
+                 dtype storage = dtype::float32, dtype wire = dtype::float32, std::size_t shard = 0,
+                 bool blocking = false)
+      : comm_(comm),
+        buckets_(std::move(buckets)),
+        storage_(storage),
+        wire_(wire),
+        shard_(shard),
+        blocking_(blocking) {
     if (shard_ != 0 && wire_ != dtype::float32) {
       throw std::invalid_argument(
           "bucket_reducer: buckets reduced to shard owners travel as float32 only");
@@ -294,6 +303,7 @@ class bucket_reducer {
   }
 
   dtype wire() const noexcept { return wire_; }
+  bool blocking() const noexcept { return blocking_; }
 
   const std::vector<grad_bucket>& buckets() const noexcept { return buckets_; }
 
@@ -353,23 +363,35 @@ class bucket_reducer {
       while (at < end) {
         const std::size_t owner = at / shard_;
         const std::size_t piece = std::min(end, (owner + 1) * shard_) - at;
-        requests_.push_back(comm_->reduce_async(grads_.data() + at, grads_.data() + at, piece,
-                                                dtype::float32, comm::reduce_op::avg,
-                                                static_cast<int>(owner)));
+        float* from = grads_.data() + at;
+        const auto root = static_cast<int>(owner);
+        if (blocking_) {
+          comm_->reduce(from, from, piece, dtype::float32, comm::reduce_op::avg, root);
+        } else {
+          requests_.push_back(
+              comm_->reduce_async(from, from, piece, dtype::float32, comm::reduce_op::avg, root));
+        }
         at += piece;
       }
     } else if (staging_.empty()) {
-      requests_.push_back(
-          comm_->all_reduce_async(data, data, bucket.size, dtype::float32, comm::reduce_op::avg));
+      all_reduce(data, bucket.size, dtype::float32);
     } else {
       std::uint16_t* wire = staging_.data() + staging_offset(b);
       for (std::size_t i = 0; i < bucket.size; ++i) {
         wire[i] = wire_ == dtype::float16 ? float16(data[i]).bits() : bfloat16(data[i]).bits();
       }
-      requests_.push_back(
-          comm_->all_reduce_async(wire, wire, bucket.size, wire_, comm::reduce_op::avg));
+      all_reduce(wire, bucket.size, wire_);
     }
     launched_.push_back(b);
+  }
+
+  // Averages `count` elements in place: now (blocking) or by a request finish() waits for.
+  void all_reduce(void* data, std::size_t count, dtype type) {
+    if (blocking_) {
+      comm_->all_reduce(data, data, count, type, comm::reduce_op::avg);
+    } else {
+      requests_.push_back(comm_->all_reduce_async(data, data, count, type, comm::reduce_op::avg));
+    }
   }
 
   // Where bucket b's wire copy starts in staging_ (buckets in order, packed).
@@ -386,6 +408,7 @@ class bucket_reducer {
   dtype storage_ = dtype::float32;
   dtype wire_ = dtype::float32;
   std::size_t shard_ = 0;
+  bool blocking_ = false;
   std::vector<std::uint16_t> staging_{};  // compress::cast: the buckets in the wire type
   std::span<float> grads_{};
   std::size_t next_ = 0;

@@ -400,7 +400,10 @@ class trainer {
           *comm_,
           parallel::make_buckets(compute_params(), static_cast<std::size_t>(cfg_.bucket_size_mb)
                                                        << 20),
-          compute_dtype, parallel::wire_dtype<parallel_policy>, sharded ? shard_size() : 0);
+          compute_dtype, parallel::wire_dtype<parallel_policy>, sharded ? shard_size() : 0,
+          cfg_.bucket_launch == config::bucket_launch_kind::blocking ||
+              (cfg_.bucket_launch == config::bucket_launch_kind::automatic &&
+               !comm_->progresses_nonblocking()));
     }
     auto work = adapts ? typename Model::workspace_type{}
                        : training_workspace(static_cast<std::size_t>(cfg_.batch_size_per_gpu));
@@ -970,6 +973,12 @@ class trainer {
                "bucket_size_mb configures parallel::data; the trainer's "
                "parallel policy is " +
                    std::string(parallel_policy::name));
+      }
+      if (!bucketed && cfg_.bucket_launch != d.bucket_launch) {
+        refuse("bucket_launch",
+               "bucket_launch configures the gradient buckets of parallel::data<all_reduce> and "
+               "parallel::zero1; the trainer's parallel policy is " +
+                   std::string(parallel_policy::name) + ", which has none");
       }
     }
     if (cfg_.adaptive_batch != adapts) {

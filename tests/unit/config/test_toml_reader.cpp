@@ -115,6 +115,13 @@ TEST_CASE("an enum value not allowed gets the allowed list and a suggestion") {
   CHECK(contains(e.what(), "did you mean 'bfloat16'?"));
   const auto g = error_of([] { sc::parse_toml("communication_backend = \"gloo\""); });
   CHECK(contains(g.what(), "'gloo' is not allowed"));
+  const auto b = error_of([] { sc::parse_toml("bucket_launch = \"sometimes\""); });
+  CHECK(b.key() == "bucket_launch");
+  CHECK(contains(b.what(), "auto | async | blocking"));
+  CHECK(sc::parse_toml("bucket_launch = \"blocking\"").bucket_launch ==
+        sc::bucket_launch_kind::blocking);
+  CHECK(sc::parse_toml("bucket_launch = \"auto\"").bucket_launch ==
+        sc::bucket_launch_kind::automatic);
 }
 
 TEST_CASE("files: missing, and read from disk") {

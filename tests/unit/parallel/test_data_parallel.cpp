@@ -162,6 +162,71 @@ TEST_CASE("with a shard size, each bucket's pieces are averaged on the ranks tha
   });
 }
 
+TEST_CASE("a blocking reducer averages each bucket as soon as it starts, whole or by shard") {
+  static_assert(strata::comm::nonblocking_progresses<threads>);
+  // 2 ranks, 120 floats, buckets in backward order; shards of 60 floats in the sharded case.
+  const std::vector<par::grad_bucket> buckets{{.offset = 90, .size = 30, .first_group = 2},
+                                              {.offset = 30, .size = 60, .first_group = 1},
+                                              {.offset = 0, .size = 30, .first_group = 0}};
+  for (const std::size_t shard : {std::size_t{0}, std::size_t{60}}) {
+    INFO("shard ", shard);
+    threads::run(2, [&](threads& c) {
+      CHECK(strata::comm::any_comm(c).progresses_nonblocking());
+      std::vector<float> grads(120);
+      for (std::size_t i = 0; i < grads.size(); ++i) {
+        grads[i] = static_cast<float>((c.rank() + 1) * 1000) + static_cast<float>(i);
+      }
+      const std::vector<float> own = grads;
+      par::bucket_reducer reducer(strata::comm::any_comm(c), buckets, strata::dtype::float32,
+                                  strata::dtype::float32, shard, /*blocking=*/true);
+      CHECK(reducer.blocking());
+      reducer.begin(grads);
+      // Averaged: every float of a started bucket, or with shards only this rank's own.
+      const auto averaged = [&](std::size_t i) {
+        return shard == 0 || i / shard == static_cast<std::size_t>(c.rank());
+      };
+      reducer.group_done(1);  // buckets 0 and 1 ([30, 120)) are done now, before finish()
+      for (std::size_t i = 0; i < grads.size(); ++i) {
+        INFO("rank ", c.rank(), " float ", i);
+        const float mean = 1500.0f + static_cast<float>(i);
+        CHECK(grads[i] == (i >= 30 && averaged(i) ? mean : own[i]));
+      }
+      reducer.finish();
+      for (std::size_t i = 0; i < grads.size(); ++i) {
+        INFO("rank ", c.rank(), " float ", i);
+        CHECK(grads[i] == (averaged(i) ? 1500.0f + static_cast<float>(i) : own[i]));
+      }
+      CHECK(reducer.launch_order() == std::vector<std::size_t>{0, 1, 2});
+    });
+  }
+}
+
+TEST_CASE("bucket_launch = blocking trains like async, bit for bit; it needs buckets") {
+  auto cfg = base_config("launch-async");
+  cfg.world_size = 2;
+  cfg.batch_size_per_gpu = 32;
+  cfg.bucket_launch = strata::config::bucket_launch_kind::async;
+  const run_record async = run_ranks(2, cfg);
+  cfg = base_config("launch-blocking");
+  cfg.world_size = 2;
+  cfg.batch_size_per_gpu = 32;
+  cfg.bucket_launch = strata::config::bucket_launch_kind::blocking;
+  const run_record blocking = run_ranks(2, cfg);
+  REQUIRE(blocking.steps.size() == async.steps.size());
+  for (std::size_t i = 0; i < async.steps.size(); ++i) {
+    CHECK(blocking.steps[i].loss == async.steps[i].loss);
+  }
+  CHECK(blocking.params == async.params);
+  CHECK(blocking.summary.params_xxh3 == async.summary.params_xxh3);
+
+  // A trainer without buckets refuses the key, naming it.
+  auto one = base_config("launch-one-rank");
+  one.bucket_launch = strata::config::bucket_launch_kind::blocking;
+  one.bucket_size_mb = strata::config::train_config{}.bucket_size_mb;
+  CHECK_THROWS_WITH_AS((st::trainer<model_t>(small_model(), one, {.print_progress = false})),
+                       doctest::Contains("bucket_launch configures"), strata::config_error);
+}
+
 TEST_CASE("N ranks with B/N samples each train like one rank with B") {
   auto one_cfg = base_config("one-rank");
   one_cfg.batch_size_per_gpu = 64;
