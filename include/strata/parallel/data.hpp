@@ -309,6 +309,7 @@ class bucket_reducer {
 
   void begin(std::span<float> grads) {
     grads_ = grads;
+    blocked_seconds_ = 0.0;
     next_ = 0;
     lowest_done_ = SIZE_MAX;
     requests_.clear();
@@ -323,7 +324,8 @@ class bucket_reducer {
     }
   }
 
-  // Starts the buckets not started yet and waits for all; returns the seconds spent waiting.
+  // Starts the buckets not started yet and waits for all; returns the seconds spent waiting,
+  // plus, when blocking, those spent in this step's blocking reductions.
   double finish() {
     while (next_ < buckets_.size()) {
       launch(next_++);
@@ -345,8 +347,12 @@ class bucket_reducer {
         }
       }
     }
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return blocked_seconds_ +
+           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
+
+  // Seconds this step spent in blocking reductions (0 unless blocking); finish() includes them.
+  double blocked_seconds() const noexcept { return blocked_seconds_; }
 
   // The buckets in the order the last step started them (tests check the backward order).
   const std::vector<std::size_t>& launch_order() const noexcept { return launched_; }
@@ -366,7 +372,9 @@ class bucket_reducer {
         float* from = grads_.data() + at;
         const auto root = static_cast<int>(owner);
         if (blocking_) {
-          comm_->reduce(from, from, piece, dtype::float32, comm::reduce_op::avg, root);
+          blocked([&] {
+            comm_->reduce(from, from, piece, dtype::float32, comm::reduce_op::avg, root);
+          });
         } else {
           requests_.push_back(
               comm_->reduce_async(from, from, piece, dtype::float32, comm::reduce_op::avg, root));
@@ -388,10 +396,19 @@ class bucket_reducer {
   // Averages `count` elements in place: now (blocking) or by a request finish() waits for.
   void all_reduce(void* data, std::size_t count, dtype type) {
     if (blocking_) {
-      comm_->all_reduce(data, data, count, type, comm::reduce_op::avg);
+      blocked([&] { comm_->all_reduce(data, data, count, type, comm::reduce_op::avg); });
     } else {
       requests_.push_back(comm_->all_reduce_async(data, data, count, type, comm::reduce_op::avg));
     }
+  }
+
+  // Runs a blocking reduction, adding its time to the step's communication seconds.
+  template <class Call>
+  void blocked(Call&& call) {
+    const auto t0 = std::chrono::steady_clock::now();
+    call();
+    blocked_seconds_ +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
 
   // Where bucket b's wire copy starts in staging_ (buckets in order, packed).
@@ -409,6 +426,7 @@ class bucket_reducer {
   dtype wire_ = dtype::float32;
   std::size_t shard_ = 0;
   bool blocking_ = false;
+  double blocked_seconds_ = 0.0;          // this step's blocking reductions
   std::vector<std::uint16_t> staging_{};  // compress::cast: the buckets in the wire type
   std::span<float> grads_{};
   std::size_t next_ = 0;

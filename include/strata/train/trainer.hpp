@@ -454,6 +454,7 @@ class trainer {
         std::size_t global_samples = step_samples;
         if constexpr (distributed) {
           const auto comm_begin = clock::now();
+          double blocked_in_backward = 0.0;
           if constexpr (hierarchical) {
             comm::hierarchical_all_reduce(*groups, compute_params().grads(), comm::reduce_op::avg);
           } else if constexpr (ps || topk) {
@@ -505,6 +506,10 @@ class trainer {
               // gradients go out only once all of them are done.
               reducer.begin(compute_params().grads());
             }
+            // Buckets reduced by blocking calls inside backward: their time is communication,
+            // not compute (those that finish() starts fall in this window anyway).
+            blocked_in_backward = reducer.blocked_seconds();
+            compute -= blocked_in_backward;
             reducer.finish();
           }
           if constexpr (mixed) {
@@ -521,7 +526,7 @@ class trainer {
             loss.correct = static_cast<std::size_t>(totals[1]);
             global_samples = static_cast<std::size_t>(totals[2]);
           }
-          comm_seconds = seconds_since(comm_begin);
+          comm_seconds = seconds_since(comm_begin) + blocked_in_backward;
         }
         const auto update_begin = clock::now();
         const bool applied = finish_step(lr);

@@ -185,7 +185,9 @@ TEST_CASE("a blocking reducer averages each bucket as soon as it starts, whole o
       const auto averaged = [&](std::size_t i) {
         return shard == 0 || i / shard == static_cast<std::size_t>(c.rank());
       };
+      CHECK(reducer.blocked_seconds() == 0.0);
       reducer.group_done(1);  // buckets 0 and 1 ([30, 120)) are done now, before finish()
+      CHECK(reducer.blocked_seconds() > 0.0);
       for (std::size_t i = 0; i < grads.size(); ++i) {
         INFO("rank ", c.rank(), " float ", i);
         const float mean = 1500.0f + static_cast<float>(i);
@@ -215,6 +217,9 @@ TEST_CASE("bucket_launch = blocking trains like async, bit for bit; it needs buc
   REQUIRE(blocking.steps.size() == async.steps.size());
   for (std::size_t i = 0; i < async.steps.size(); ++i) {
     CHECK(blocking.steps[i].loss == async.steps[i].loss);
+    // The blocking reductions inside backward count as communication, not compute.
+    CHECK(blocking.steps[i].comm_seconds > 0.0);
+    CHECK(blocking.steps[i].compute_seconds > 0.0);
   }
   CHECK(blocking.params == async.params);
   CHECK(blocking.summary.params_xxh3 == async.summary.params_xxh3);
