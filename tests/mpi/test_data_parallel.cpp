@@ -124,6 +124,14 @@ TEST_CASE("N processes with B/N samples each train like one process with B") {
   static_assert(!strata::comm::nonblocking_progresses<mpi>);
   auto world = mpi::world();
   CHECK_FALSE(strata::comm::any_comm(world).progresses_nonblocking());
+  auto cfg = base_config("parallel-launch", world.rank());
+  world.barrier();
+  cfg.world_size = world.size();
+  cfg.communication_backend = strata::config::comm_backend_kind::mpi;
+  cfg.batch_size_per_gpu = 64 / world.size();
+  const st::trainer<model_t, strata::parallel::data<>> t(
+      small_model(), cfg, strata::comm::any_comm(world), {.print_progress = false});
+  CHECK(t.blocking_buckets());
   check_against_one_process<strata::parallel::data<>>("parallel", [](auto&) {});
 }
 

@@ -324,13 +324,11 @@ class bucket_reducer {
     }
   }
 
-  // Starts the buckets not started yet and waits for all; returns the seconds spent waiting,
-  // plus, when blocking, those spent in this step's blocking reductions.
-  double finish() {
+  // Starts the buckets not started yet and waits for all (the trainer times this itself).
+  void finish() {
     while (next_ < buckets_.size()) {
       launch(next_++);
     }
-    const auto t0 = std::chrono::steady_clock::now();
     for (auto& r : requests_) {
       r.wait();
     }
@@ -347,11 +345,9 @@ class bucket_reducer {
         }
       }
     }
-    return blocked_seconds_ +
-           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
 
-  // Seconds this step spent in blocking reductions (0 unless blocking); finish() includes them.
+  // Seconds this step spent in blocking reductions so far (0 unless blocking).
   double blocked_seconds() const noexcept { return blocked_seconds_; }
 
   // The buckets in the order the last step started them (tests check the backward order).

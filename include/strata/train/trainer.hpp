@@ -278,6 +278,17 @@ class trainer {
   model::param_store& params() noexcept { return params_; }
   const model::param_store& params() const noexcept { return params_; }
   std::uint64_t step() const noexcept { return step_; }
+  // Whether the gradient buckets are reduced by blocking calls inside backward: bucket_launch,
+  // with auto resolved for the backend (comm::nonblocking_progresses). False without buckets.
+  bool blocking_buckets() const noexcept {
+    if constexpr (bucketed) {
+      return cfg_.bucket_launch == config::bucket_launch_kind::blocking ||
+             (cfg_.bucket_launch == config::bucket_launch_kind::automatic &&
+              !comm_->progresses_nonblocking());
+    } else {
+      return false;
+    }
+  }
 
   void on_step(std::function<void(const step_metrics&)> f) {
     step_callbacks_.push_back(std::move(f));
@@ -401,9 +412,7 @@ class trainer {
           parallel::make_buckets(compute_params(), static_cast<std::size_t>(cfg_.bucket_size_mb)
                                                        << 20),
           compute_dtype, parallel::wire_dtype<parallel_policy>, sharded ? shard_size() : 0,
-          cfg_.bucket_launch == config::bucket_launch_kind::blocking ||
-              (cfg_.bucket_launch == config::bucket_launch_kind::automatic &&
-               !comm_->progresses_nonblocking()));
+          blocking_buckets());
     }
     auto work = adapts ? typename Model::workspace_type{}
                        : training_workspace(static_cast<std::size_t>(cfg_.batch_size_per_gpu));
