@@ -41,6 +41,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -58,10 +59,6 @@
 
 #ifdef STRATA_BENCH_MPI
 #include "strata/comm/mpi.hpp"
-#endif
-
-#ifdef STRATA_BLAS_OPENBLAS
-extern "C" void openblas_set_num_threads(int);
 #endif
 
 namespace sc = strata::config;
@@ -145,16 +142,11 @@ auto augmentation() {
   return sd::compose{sd::horizontal_flip{.probability = 0.5}, sd::fashion_mnist_normalize()};
 }
 
-void set_blas_threads(int n) {
-#ifdef STRATA_BLAS_OPENBLAS
-  openblas_set_num_threads(n);
-#else
-  (void)n;
-#endif
-}
+using strata::model::set_blas_threads;
 
 sc::train_config config_for(const options& o, int ranks) {
   sc::train_config cfg;
+  cfg.blas_threads = strata::model::blas_threads();  // the row's choice, made before
   cfg.data_dir = o.data_dir;
   cfg.world_size = ranks;
   cfg.batch_size_per_gpu = static_cast<std::int64_t>(o.global) / ranks;
@@ -244,6 +236,7 @@ double strata_threads(const options& o, int ranks, const sd::idx_dataset& train,
   double rate = 0.0;
   auto cfg = config_for(o, ranks);
   sc::set_key(cfg, "bucket_launch", bucket_launch);
+  cfg.zero_stage = std::is_same_v<Policy, strata::parallel::zero1> ? 1 : 0;
   strata::comm::threads::run(ranks, [&](strata::comm::threads& c) {
     st::trainer<model_t, Policy> t(make_mlp(), cfg, strata::comm::any_comm(c),
                                    {.print_progress = false});

@@ -102,10 +102,6 @@
 #include "strata/parallel/data.hpp"
 #include "strata/train/trainer.hpp"
 
-#ifdef STRATA_BLAS_OPENBLAS
-extern "C" void openblas_set_num_threads(int);
-#endif
-
 namespace sc = strata::config;
 namespace sd = strata::data;
 namespace sm = strata::model;
@@ -180,14 +176,6 @@ options parse(int argc, char** argv) {
     std::exit(2);
   }
   return o;
-}
-
-void set_blas_threads(int n) {
-#ifdef STRATA_BLAS_OPENBLAS
-  openblas_set_num_threads(n);
-#else
-  (void)n;
-#endif
 }
 
 double mean(const std::vector<double>& v) {
@@ -311,7 +299,8 @@ training_result run_training(MakeModel&& make_model, sc::train_config cfg, const
   if (!settings.evaluate) {
     cfg.max_eval_samples = 100;  // fit() always evaluates; keep it short when nobody looks
   }
-  set_blas_threads(1);
+  cfg.zero_stage = std::is_same_v<Policy, sp::zero1> ? 1 : 0;
+  cfg.blas_threads = 1;
   const auto ranks = static_cast<std::size_t>(cfg.world_size);
   std::vector<std::vector<double>> compute(ranks);
   std::vector<std::vector<double>> comm(ranks);

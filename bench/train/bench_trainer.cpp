@@ -34,10 +34,6 @@
 #include "strata/optim/any_optimizer.hpp"
 #include "strata/train/trainer.hpp"
 
-#ifdef STRATA_BLAS_OPENBLAS
-extern "C" void openblas_set_num_threads(int);
-#endif
-
 namespace sd = strata::data;
 namespace sm = strata::model;
 namespace st = strata::train;
@@ -87,14 +83,6 @@ options parse(int argc, char** argv) {
   return o;
 }
 
-void set_threads(int n) {
-#ifdef STRATA_BLAS_OPENBLAS
-  openblas_set_num_threads(n);
-#else
-  (void)n;
-#endif
-}
-
 auto make_mlp() {
   return sm::sequential(strata::sample_shape{.channels = 1, .height = 28, .width = 28},
                         sm::flatten{}, sm::linear{.in = 784, .out = 1024}, sm::relu{},
@@ -108,6 +96,7 @@ auto augmentation() {
 
 strata::config::train_config run_config(const options& o, const std::filesystem::path& dir) {
   strata::config::train_config cfg;
+  cfg.blas_threads = strata::model::blas_threads();  // the row's thread count, set before
   cfg.epochs = 1;
   cfg.batch_size_per_gpu = static_cast<std::int64_t>(o.batch);
   cfg.loader_workers = 0;
@@ -229,7 +218,7 @@ int main(int argc, char** argv) {
               "pytorch(s/s)", "ratio");
   nlohmann::json rows = nlohmann::json::array();
   for (int t : o.threads) {
-    set_threads(t);
+    strata::model::set_blas_threads(t);
     // Alternate the two so that drift on a shared machine hits both alike.
     std::vector<double> trainer_rates;
     std::vector<double> loop_rates;

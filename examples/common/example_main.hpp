@@ -75,16 +75,60 @@ inline void print_summary(const strata::train::fit_summary& s,
   }
 }
 
+// Calls run(std::type_identity<Policy>{}) with the data-parallel policy the configuration names
+// (config/validate.hpp has refused the combinations that do not exist):
+//   gradient_sync = all_reduce: parallel::data<all_reduce> with gradient_compression none,
+//     float16 or bfloat16 (compress::cast), or parallel::zero1 with zero_stage = 1;
+//   hierarchical: parallel::data<hierarchical>;
+//   all_gather: parallel::data<all_gather, compress::topk>;
+//   parameter_server: parallel::data<parameter_server>, with compress::topk when
+//     gradient_compression = topk.
+template <class Run>
+decltype(auto) with_data_policy(const strata::config::train_config& cfg, Run&& run) {
+  namespace sp = strata::parallel;
+  using strata::config::compression_kind;
+  using strata::config::gradient_sync_kind;
+  switch (cfg.gradient_sync) {
+    case gradient_sync_kind::hierarchical:
+      return run(std::type_identity<sp::data<sp::hierarchical>>{});
+    case gradient_sync_kind::all_gather:
+      return run(std::type_identity<sp::data<sp::all_gather, sp::compress::topk>>{});
+    case gradient_sync_kind::parameter_server:
+      if (cfg.gradient_compression == compression_kind::topk) {
+        return run(std::type_identity<sp::data<sp::parameter_server, sp::compress::topk>>{});
+      }
+      return run(std::type_identity<sp::data<sp::parameter_server>>{});
+    case gradient_sync_kind::all_reduce:
+      break;
+  }
+  if (cfg.zero_stage == 1) {
+    return run(std::type_identity<sp::zero1>{});
+  }
+  switch (cfg.gradient_compression) {
+    case compression_kind::float16:
+      return run(
+          std::type_identity<sp::data<sp::all_reduce, sp::compress::cast<strata::float16>>>{});
+    case compression_kind::bfloat16:
+      return run(
+          std::type_identity<sp::data<sp::all_reduce, sp::compress::cast<strata::bfloat16>>>{});
+    case compression_kind::none:
+    case compression_kind::topk:
+      break;
+  }
+  return run(std::type_identity<sp::data<>>{});
+}
+
 // Makes the trainer the configuration names and runs fit through `train(trainer&)`:
 //   - batch: batch::adaptive when adaptive_batch is on, else batch::accumulate (with
 //     gradient_accumulation_steps = 1 that is a fixed batch);
 //   - precision: precision::fp32, fp16 or bf16 by mixed_precision_dtype;
-//   - parallel: world_size 1 is parallel::single_rank; more is parallel::data<all_reduce> over
-//     communication_backend: `threads` runs world_size ranks as threads of this process (rank
-//     0's summary is returned), `mpi` makes this process one rank of mpiexec's job (built with
-//     MPI; `mpiexec -n 2 fashion_mnist_mlp --world_size 2 --communication_backend mpi`).
-// Policies are compile-time choices: each combination is its own trainer type. The adaptive
-// batch runs on one rank in the examples.
+//   - parallel: world_size 1 is parallel::single_rank; more is the data-parallel policy of
+//     with_data_policy() over communication_backend: `threads` runs world_size ranks as threads
+//     of this process (rank 0's summary is returned), `mpi` makes this process one rank of
+//     mpiexec's job (built with MPI; `mpiexec -n 2 fashion_mnist_mlp --world_size 2
+//     --communication_backend mpi`).
+// Policies are compile-time choices: each combination is its own trainer type (so this function
+// instantiates 3 precisions x 9 trainers). The adaptive batch runs on one rank in the examples.
 template <class Model, class Train>
 strata::train::fit_summary train_as_configured(const Model& model,
                                                const strata::config::train_config& cfg,
@@ -110,35 +154,41 @@ strata::train::fit_summary train_as_configured(const Model& model,
       strata::train::trainer<Model, strata::batch::accumulate, Precision> run(model, cfg);
       return train(run);
     }
-    using data_trainer = strata::train::trainer<Model, strata::batch::accumulate, Precision,
-                                                strata::parallel::data<>>;
-    if (cfg.communication_backend == strata::config::comm_backend_kind::mpi) {
-#ifdef STRATA_EXAMPLES_MPI
-      static strata::comm::mpi_environment environment;
-      auto world = strata::comm::mpi::world({.timeout = cfg.comm_timeout});
-      prints_summary() = world.rank() == 0;
-      data_trainer run(model, cfg, strata::comm::any_comm(world));
-      return train(run);
-#else
-      throw strata::config_error({.key = "communication_backend"},
-                                 "this build has no MPI (configure with STRATA_ENABLE_MPI=ON)");
-#endif
-    }
-    if (cfg.communication_backend != strata::config::comm_backend_kind::threads) {
+    if (cfg.communication_backend != strata::config::comm_backend_kind::threads &&
+        cfg.communication_backend != strata::config::comm_backend_kind::mpi) {
       throw strata::config_error({.key = "communication_backend"},
                                  "the examples run data parallelism over threads or mpi");
     }
-    strata::train::fit_summary first;
-    strata::comm::threads::run(static_cast<int>(cfg.world_size),
-                               [&](strata::comm::threads& comm) {
-                                 data_trainer run(model, cfg, strata::comm::any_comm(comm));
-                                 strata::train::fit_summary s = train(run);
-                                 if (comm.rank() == 0) {
-                                   first = std::move(s);
-                                 }
-                               },
-                               {.timeout = cfg.comm_timeout});
-    return first;
+#ifndef STRATA_EXAMPLES_MPI
+    if (cfg.communication_backend == strata::config::comm_backend_kind::mpi) {
+      throw strata::config_error({.key = "communication_backend"},
+                                 "this build has no MPI (configure with STRATA_ENABLE_MPI=ON)");
+    }
+#endif
+    return with_data_policy(cfg, [&]<class Policy>(std::type_identity<Policy>) {
+      using data_trainer =
+          strata::train::trainer<Model, strata::batch::accumulate, Precision, Policy>;
+#ifdef STRATA_EXAMPLES_MPI
+      if (cfg.communication_backend == strata::config::comm_backend_kind::mpi) {
+        static strata::comm::mpi_environment environment;
+        auto world = strata::comm::mpi::world({.timeout = cfg.comm_timeout});
+        prints_summary() = world.rank() == 0;
+        data_trainer run(model, cfg, strata::comm::any_comm(world));
+        return train(run);
+      }
+#endif
+      strata::train::fit_summary first;
+      strata::comm::threads::run(static_cast<int>(cfg.world_size),
+                                 [&](strata::comm::threads& comm) {
+                                   data_trainer run(model, cfg, strata::comm::any_comm(comm));
+                                   strata::train::fit_summary s = train(run);
+                                   if (comm.rank() == 0) {
+                                     first = std::move(s);
+                                   }
+                                 },
+                                 {.timeout = cfg.comm_timeout});
+      return first;
+    });
   });
 }
 

@@ -142,7 +142,8 @@ TEST_CASE("over MPI, bucket_launch = async (non-blocking buckets) also trains li
 }
 
 TEST_CASE("zero1 over MPI trains like one process and holds 1/N of the optimizer state") {
-  check_against_one_process<strata::parallel::zero1>("zero1", [](auto&) {});
+  check_against_one_process<strata::parallel::zero1>("zero1",
+                                                     [](auto& cfg) { cfg.zero_stage = 1; });
   // What a rank's trainer allocates: all parameters and gradients, 1/N of AdamW's moments.
   auto comm = mpi::world();
   const int ranks = comm.size();
@@ -152,6 +153,7 @@ TEST_CASE("zero1 over MPI trains like one process and holds 1/N of the optimizer
   cfg.communication_backend = strata::config::comm_backend_kind::mpi;
   cfg.batch_size_per_gpu = 64 / ranks;
   cfg.optimizer = strata::config::optimizer_kind::adamw;
+  cfg.zero_stage = 1;
   const std::size_t before = strata::host{}.memory().stats().in_use;
   st::trainer<model_t, strata::parallel::zero1> t(small_model(), cfg, strata::comm::any_comm(comm),
                                                   {.print_progress = false});

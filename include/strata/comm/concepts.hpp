@@ -149,6 +149,25 @@ inline constexpr bool nonblocking_progresses = [] {
   }
 }();
 
+// Optional: `static constexpr bool ranks_share_process = true;` says that every rank of the
+// communicator runs in this process (comm::threads), so that they share its CPUs: the trainer
+// gives each rank its share of the BLAS threads (model/blas.hpp). Backends that say nothing run
+// one rank per process.
+template <class C>
+inline constexpr bool ranks_share_process = [] {
+  if constexpr (requires { C::ranks_share_process; }) {
+    return static_cast<bool>(C::ranks_share_process);
+  } else {
+    return false;
+  }
+}();
+
+// How many of the communicator's ranks run in this process: all (size()) or 1.
+template <class C>
+int ranks_in_process(const C& c) noexcept {
+  return ranks_share_process<C> ? c.size() : 1;
+}
+
 // One readable error per missing requirement, for the places where policies meet (nvcc reports
 // only "failed deduction" for an unsatisfied concept).
 template <class C>

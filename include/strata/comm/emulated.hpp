@@ -168,6 +168,8 @@ template <comm_backend Inner>
 class emulated {
  public:
   using policy_category = comm_backend_tag;
+  // The inner backend's placement of ranks (the link is modelled, the CPUs are real).
+  static constexpr bool ranks_share_process = ::strata::comm::ranks_share_process<Inner>;
   using clock = std::chrono::steady_clock;
 
   // The handle of a non-blocking operation: the inner request plus the modelled completion time.

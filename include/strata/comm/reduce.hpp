@@ -14,6 +14,7 @@
 #include "strata/comm/types.hpp"
 #include "strata/core/dtype.hpp"
 #include "strata/core/error.hpp"
+#include "strata/core/round.hpp"
 
 namespace strata::comm {
 
@@ -62,21 +63,56 @@ constexpr A combine(A a, A b, reduce_op op) noexcept {
 
 namespace detail {
 
+template <class T>
+inline constexpr bool is_narrow_float = std::is_same_v<T, float16> || std::is_same_v<T, bfloat16>;
+
+// Elements per pass of the loops below (16-bit floats go through float buffers of this size).
+inline constexpr std::size_t reduce_chunk = 256;
+
+// to[i] = A(from[i]): the 16-bit floats by the buffer conversions of core/round.hpp.
+template <class T, class A>
+void widen(const T* from, A* to, std::size_t n) noexcept {
+  if constexpr (is_narrow_float<T>) {
+    convert_floats(from, to, n);
+  } else {
+    for (std::size_t i = 0; i < n; ++i) {
+      to[i] = static_cast<A>(from[i]);
+    }
+  }
+}
+
+template <class A, class T>
+void narrow(const A* from, T* to, std::size_t n) noexcept {
+  if constexpr (is_narrow_float<T>) {
+    convert_floats(from, to, n);
+  } else {
+    for (std::size_t i = 0; i < n; ++i) {
+      to[i] = static_cast<T>(from[i]);
+    }
+  }
+}
+
 // The loops below take the operator as a template argument so that they vectorize.
 template <reduce_op Op, class T>
 void reduce_many_with(T* out, const T* const* inputs, std::size_t k, std::size_t count) {
   using A = accumulator_t<T>;
-  constexpr std::size_t chunk = 256;
+  constexpr std::size_t chunk = reduce_chunk;
   A acc[chunk];
+  [[maybe_unused]] A wide[is_narrow_float<T> ? chunk : 1];
   for (std::size_t base = 0; base < count; base += chunk) {
     const std::size_t n = std::min(chunk, count - base);
-    for (std::size_t i = 0; i < n; ++i) {
-      acc[i] = static_cast<A>(inputs[0][base + i]);
-    }
+    widen(inputs[0] + base, acc, n);
     for (std::size_t j = 1; j < k; ++j) {
-      const T* in = inputs[j] + base;
-      for (std::size_t i = 0; i < n; ++i) {
-        acc[i] = combine<A>(acc[i], static_cast<A>(in[i]), Op);
+      if constexpr (is_narrow_float<T>) {
+        widen(inputs[j] + base, wide, n);
+        for (std::size_t i = 0; i < n; ++i) {
+          acc[i] = combine<A>(acc[i], wide[i], Op);
+        }
+      } else {
+        const T* in = inputs[j] + base;
+        for (std::size_t i = 0; i < n; ++i) {
+          acc[i] = combine<A>(acc[i], static_cast<A>(in[i]), Op);
+        }
       }
     }
     if constexpr (Op == reduce_op::avg) {
@@ -84,17 +120,29 @@ void reduce_many_with(T* out, const T* const* inputs, std::size_t k, std::size_t
         acc[i] = static_cast<A>(acc[i] / static_cast<A>(k));
       }
     }
-    for (std::size_t i = 0; i < n; ++i) {
-      out[base + i] = static_cast<T>(acc[i]);
-    }
+    narrow(acc, out + base, n);
   }
 }
 
 template <reduce_op Op, class T>
 void reduce_into_with(T* acc, const T* in, std::size_t count) {
   using A = accumulator_t<T>;
-  for (std::size_t i = 0; i < count; ++i) {
-    acc[i] = static_cast<T>(combine<A>(static_cast<A>(acc[i]), static_cast<A>(in[i]), Op));
+  if constexpr (is_narrow_float<T>) {
+    A a[reduce_chunk];
+    A b[reduce_chunk];
+    for (std::size_t base = 0; base < count; base += reduce_chunk) {
+      const std::size_t n = std::min(reduce_chunk, count - base);
+      widen(acc + base, a, n);
+      widen(in + base, b, n);
+      for (std::size_t i = 0; i < n; ++i) {
+        a[i] = combine<A>(a[i], b[i], Op);
+      }
+      narrow(a, acc + base, n);
+    }
+  } else {
+    for (std::size_t i = 0; i < count; ++i) {
+      acc[i] = static_cast<T>(combine<A>(static_cast<A>(acc[i]), static_cast<A>(in[i]), Op));
+    }
   }
 }
 
@@ -140,8 +188,20 @@ void reduce_into(T* acc, const T* in, std::size_t count, reduce_op op) {
 template <class T>
 void finish_avg(T* data, std::size_t count, std::size_t contributions) {
   using A = accumulator_t<T>;
-  for (std::size_t i = 0; i < count; ++i) {
-    data[i] = static_cast<T>(static_cast<A>(data[i]) / static_cast<A>(contributions));
+  if constexpr (detail::is_narrow_float<T>) {
+    A a[detail::reduce_chunk];
+    for (std::size_t base = 0; base < count; base += detail::reduce_chunk) {
+      const std::size_t n = std::min(detail::reduce_chunk, count - base);
+      detail::widen(data + base, a, n);
+      for (std::size_t i = 0; i < n; ++i) {
+        a[i] = a[i] / static_cast<A>(contributions);
+      }
+      detail::narrow(a, data + base, n);
+    }
+  } else {
+    for (std::size_t i = 0; i < count; ++i) {
+      data[i] = static_cast<T>(static_cast<A>(data[i]) / static_cast<A>(contributions));
+    }
   }
 }
 

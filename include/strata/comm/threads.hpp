@@ -1175,6 +1175,8 @@ class threads_core {
 class threads {
  public:
   using policy_category = comm_backend_tag;
+  // Every rank is a thread of this process (comm::ranks_in_process is size()).
+  static constexpr bool ranks_share_process = true;
 
   // What a rank stopped by a `kill` fault ends with (try_run reports it; run does not rethrow it).
   using killed = detail::threads_killed;

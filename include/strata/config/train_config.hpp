@@ -141,6 +141,7 @@ struct train_config {
   std::string data_dir = "/usr/share/datasets/fashion-mnist";
   std::int64_t loader_workers = 2;  // 0 = augment synchronously in the training thread
   std::int64_t prefetch_depth = 4;  // ready batches kept ahead of the step
+  std::int64_t blas_threads = 0;    // GEMM threads of the process; 0 = its CPUs / its ranks
   bool augment = true;
   double loader_timeout = 60.0;  // seconds the step waits for one batch before failing
   sampler_remainder_kind sampler_remainder = sampler_remainder_kind::pad;
@@ -166,6 +167,7 @@ struct train_config {
   std::int64_t micro_batches = 1;
   gradient_sync_kind gradient_sync = gradient_sync_kind::all_reduce;
   std::int64_t bucket_size_mb = 25;
+  std::int64_t zero_stage = 0;  // 1 = optimizer state sharded over the data-parallel ranks (zero1)
   bucket_launch_kind bucket_launch = bucket_launch_kind::automatic;
   compression_kind gradient_compression = compression_kind::none;
   double topk_ratio = 0.01;
@@ -282,6 +284,10 @@ constexpr void visit_keys(Visitor&& v) {
             "Loader threads that augment ahead of the step; 0 = in the training thread."});
   v(int_key{"prefetch_depth", &c::prefetch_depth, 1, 1024,
             "Ready batches the loader keeps ahead of the step."});
+  v(int_key{"blas_threads", &c::blas_threads, 0, 4096,
+            "GEMM (OpenBLAS) threads of the process, set by the trainer; 0 = automatic: the CPUs "
+            "the process may use divided by the ranks it runs (comm::threads: world_size; one per "
+            "process under mpiexec), unless OPENBLAS_NUM_THREADS or OMP_NUM_THREADS sets them."});
   v(bool_key{"augment", &c::augment, "Apply the example's augmentation chain to training data."});
   v(real_key{"loader_timeout", &c::loader_timeout, 0.0, 86400.0, true,
              "Seconds the step waits for one batch before the loader reports a stalled worker."});
@@ -326,6 +332,10 @@ constexpr void visit_keys(Visitor&& v) {
       "non-blocking collective, waited for before the optimizer step), blocking (reduced on the "
       "spot; faster where non-blocking collectives progress only when polled, as Open MPI's), "
       "auto (blocking on comm::mpi, async on the others)."});
+  v(int_key{"zero_stage", &c::zero_stage, 0, 1,
+            "Sharded optimizer state: 0 = every data-parallel rank keeps all of it; 1 = each rank "
+            "keeps and updates 1/N of it (parallel::zero1: gradients reduce-scattered, "
+            "parameters all-gathered after the update)."});
   v(enum_key<compression_kind>{"gradient_compression", &c::gradient_compression,
                                "Gradient compression before communication."});
   v(real_key{"topk_ratio", &c::topk_ratio, 0.0, 1.0, true,

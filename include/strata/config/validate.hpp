@@ -109,6 +109,15 @@ inline void validate(const train_config& cfg, std::string_view source = {}) {
                        "(gradient_compression = topk); dense gradients are cheaper by "
                        "all_reduce");
   }
+  if (cfg.zero_stage == 1 && (cfg.gradient_sync != gradient_sync_kind::all_reduce ||
+                              cfg.gradient_compression != compression_kind::none)) {
+    throw config_error(at("zero_stage"),
+                       "zero_stage = 1 shards the optimizer state of gradient_sync = all_reduce "
+                       "without compression; gradient_sync = " +
+                           std::string(to_string(cfg.gradient_sync)) + ", gradient_compression = " +
+                           std::string(to_string(cfg.gradient_compression)) +
+                           " (the parameter server shards it over its servers already)");
+  }
   if ((cfg.gradient_compression == compression_kind::float16 ||
        cfg.gradient_compression == compression_kind::bfloat16) &&
       cfg.gradient_sync != gradient_sync_kind::all_reduce) {

@@ -10,6 +10,10 @@
 //
 //   strata::round_through(grads, strata::dtype::float16);  // |g| > 65504 becomes +-inf
 //
+// convert_floats(from, to, n): n values from float to float16 / bfloat16 or back, the same values
+// as the element conversions of core/dtype.hpp, for buffers (gradients on a 16-bit wire, the
+// reductions of comm/reduce.hpp).
+//
 // Speed: bfloat16 is integer arithmetic on the bits, branch-free, which the compiler vectorizes.
 // float16 uses the F16C conversion instructions where the processor has them (checked once at
 // run time, so a portable build uses them too), else the exact software conversion of
@@ -65,6 +69,35 @@ __attribute__((target("avx,f16c"))) inline void round_through_float16_f16c(float
   }
 }
 
+__attribute__((target("avx,f16c"))) inline void float_to_half_f16c(const float* from,
+                                                                   std::uint16_t* to,
+                                                                   std::size_t n) noexcept {
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m128i h =
+        _mm256_cvtps_ph(_mm256_loadu_ps(from + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(to + i), h);
+  }
+  for (; i < n; ++i) {
+    const __m128i h =
+        _mm_cvtps_ph(_mm_set_ss(from[i]), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    to[i] = static_cast<std::uint16_t>(_mm_extract_epi16(h, 0));
+  }
+}
+
+__attribute__((target("avx,f16c"))) inline void half_to_float_f16c(const std::uint16_t* from,
+                                                                   float* to,
+                                                                   std::size_t n) noexcept {
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(from + i));
+    _mm256_storeu_ps(to + i, _mm256_cvtph_ps(h));
+  }
+  for (; i < n; ++i) {
+    to[i] = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(from[i])));
+  }
+}
+
 inline bool has_f16c() noexcept {
   static const bool yes = __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
   return yes;
@@ -80,6 +113,44 @@ inline bool round_through_uses_f16c() noexcept {
 #else
   return false;
 #endif
+}
+
+// to[i] = T(from[i]) / float(from[i]) for i < n, T = float16 or bfloat16.
+inline void convert_floats(const float* from, float16* to, std::size_t n) noexcept {
+  static_assert(sizeof(float16) == sizeof(std::uint16_t));
+#ifdef STRATA_ROUND_F16C
+  if (detail::has_f16c()) {
+    detail::float_to_half_f16c(from, reinterpret_cast<std::uint16_t*>(to), n);
+    return;
+  }
+#endif
+  for (std::size_t i = 0; i < n; ++i) {
+    to[i] = float16(from[i]);
+  }
+}
+
+inline void convert_floats(const float16* from, float* to, std::size_t n) noexcept {
+#ifdef STRATA_ROUND_F16C
+  if (detail::has_f16c()) {
+    detail::half_to_float_f16c(reinterpret_cast<const std::uint16_t*>(from), to, n);
+    return;
+  }
+#endif
+  for (std::size_t i = 0; i < n; ++i) {
+    to[i] = static_cast<float>(from[i]);
+  }
+}
+
+inline void convert_floats(const float* from, bfloat16* to, std::size_t n) noexcept {
+  for (std::size_t i = 0; i < n; ++i) {
+    to[i] = bfloat16(from[i]);
+  }
+}
+
+inline void convert_floats(const bfloat16* from, float* to, std::size_t n) noexcept {
+  for (std::size_t i = 0; i < n; ++i) {
+    to[i] = static_cast<float>(from[i]);
+  }
 }
 
 // Rounds every value through `type`: float32 leaves them as they are; float16 and bfloat16 round

@@ -339,9 +339,10 @@ class bucket_reducer {
         const grad_bucket& bucket = buckets_[b];
         const std::uint16_t* from = staging_.data() + staging_offset(b);
         float* to = grads_.data() + bucket.offset;
-        for (std::size_t i = 0; i < bucket.size; ++i) {
-          to[i] = wire_ == dtype::float16 ? static_cast<float>(float16::from_bits(from[i]))
-                                          : static_cast<float>(bfloat16::from_bits(from[i]));
+        if (wire_ == dtype::float16) {
+          convert_floats(reinterpret_cast<const float16*>(from), to, bucket.size);
+        } else {
+          convert_floats(reinterpret_cast<const bfloat16*>(from), to, bucket.size);
         }
       }
     }
@@ -381,8 +382,10 @@ class bucket_reducer {
       all_reduce(data, bucket.size, dtype::float32);
     } else {
       std::uint16_t* wire = staging_.data() + staging_offset(b);
-      for (std::size_t i = 0; i < bucket.size; ++i) {
-        wire[i] = wire_ == dtype::float16 ? float16(data[i]).bits() : bfloat16(data[i]).bits();
+      if (wire_ == dtype::float16) {
+        convert_floats(data, reinterpret_cast<float16*>(wire), bucket.size);
+      } else {
+        convert_floats(data, reinterpret_cast<bfloat16*>(wire), bucket.size);
       }
       all_reduce(wire, bucket.size, wire_);
     }

@@ -58,6 +58,7 @@
 #include "strata/data/prefetch_loader.hpp"
 #include "strata/data/sampler.hpp"
 #include "strata/data/subset.hpp"
+#include "strata/model/blas.hpp"
 #include "strata/model/concepts.hpp"
 #include "strata/model/param_store.hpp"
 #include "strata/model/softmax_cross_entropy.hpp"
@@ -228,6 +229,13 @@ class trainer {
                                   " is not a vector of class scores (1x1xclasses)");
     }
     params_.initialize(static_cast<std::uint64_t>(cfg_.seed));
+    // The GEMM's threads, for the whole process (every rank of comm::threads sets the same
+    // count before the collective broadcast below).
+    if (cfg_.blas_threads != 0) {
+      model::set_blas_threads(static_cast<int>(cfg_.blas_threads));
+    } else if (!model::blas_threads_from_environment()) {
+      model::set_blas_threads(model::automatic_blas_threads(comm_ ? comm_->ranks_in_process() : 1));
+    }
     if constexpr (ps) {
       dedicated_ = cfg_.dedicated_parameter_servers;
       async_ = dedicated_ && cfg_.parameter_server_async;
@@ -987,6 +995,14 @@ class trainer {
                "bucket_size_mb configures parallel::data; the trainer's "
                "parallel policy is " +
                    std::string(parallel_policy::name));
+      }
+      if (sharded != (cfg_.zero_stage == 1)) {
+        refuse("zero_stage",
+               sharded ? std::string("the trainer's parallel policy is parallel::zero1, which "
+                                     "shards the optimizer state; set zero_stage = 1")
+                       : "zero_stage = " + std::to_string(cfg_.zero_stage) +
+                             " needs parallel::zero1; the trainer's parallel policy is " +
+                             std::string(parallel_policy::name));
       }
       if (!bucketed && cfg_.bucket_launch != d.bucket_launch) {
         refuse("bucket_launch",

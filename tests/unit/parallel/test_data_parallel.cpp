@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <filesystem>
 #include <limits>
 #include <mutex>
@@ -14,6 +15,7 @@
 #include <thread>
 #include <tuple>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "strata/batch/accumulate.hpp"
@@ -480,7 +482,8 @@ namespace {
 
 // Runs `ranks` zero1 ranks; returns rank 0's record and the bytes all ranks' trainers held after
 // construction; checks that every rank ends with the same parameters.
-std::pair<run_record, std::size_t> run_zero1(int ranks, const strata::config::train_config& cfg) {
+std::pair<run_record, std::size_t> run_zero1(int ranks, strata::config::train_config cfg) {
+  cfg.zero_stage = 1;
   std::vector<run_record> records(static_cast<std::size_t>(ranks));
   std::size_t held = 0;
   threads::run(ranks, [&](threads& c) {
@@ -558,8 +561,10 @@ TEST_CASE("zero1 with bfloat16 trains like data<all_reduce> with bfloat16") {
   };
   const auto dense = strata::test::run_thread_ranks<par::data<>, sp::bf16>(
       2, config("zero1-bf16-dense"), small_model)[0];
+  auto sharded_cfg = config("zero1-bf16");
+  sharded_cfg.zero_stage = 1;
   const auto sharded =
-      strata::test::run_thread_ranks<par::zero1, sp::bf16>(2, config("zero1-bf16"), small_model)[0];
+      strata::test::run_thread_ranks<par::zero1, sp::bf16>(2, sharded_cfg, small_model)[0];
   check_like_dense(sharded, dense);
 }
 
@@ -629,4 +634,95 @@ TEST_CASE("hierarchical keys must match the policy") {
                                            {.print_progress = false})),
         doctest::Contains("hierarchy_group_size configures"), strata::config_error);
   });
+}
+
+TEST_CASE("zero_stage must match the policy") {
+  auto cfg = base_config("zero-stage-keys");
+  cfg.world_size = 2;
+  threads::run(2, [&](threads& c) {
+    // parallel::zero1 with zero_stage left at 0.
+    CHECK_THROWS_WITH_AS(
+        (st::trainer<model_t, par::zero1>(small_model(), cfg, strata::comm::any_comm(c),
+                                          {.print_progress = false})),
+        doctest::Contains("set zero_stage = 1"), strata::config_error);
+  });
+  cfg.zero_stage = 1;
+  threads::run(2, [&](threads& c) {
+    CHECK_THROWS_WITH_AS(
+        (st::trainer<model_t, par::data<>>(small_model(), cfg, strata::comm::any_comm(c),
+                                           {.print_progress = false})),
+        doctest::Contains("zero_stage = 1 needs parallel::zero1"), strata::config_error);
+  });
+  // Only all_reduce without compression shards its optimizer state by zero_stage.
+  cfg.gradient_sync = strata::config::gradient_sync_kind::parameter_server;
+  CHECK_THROWS_WITH_AS(strata::config::validate(cfg), doctest::Contains("zero_stage = 1 shards"),
+                       strata::config_error);
+  cfg.gradient_sync = strata::config::gradient_sync_kind::all_reduce;
+  cfg.gradient_compression = strata::config::compression_kind::float16;
+  CHECK_THROWS_WITH_AS(strata::config::validate(cfg), doctest::Contains("zero_stage"),
+                       strata::config_error);
+}
+
+static_assert(strata::comm::ranks_share_process<threads>);
+static_assert(strata::comm::ranks_share_process<strata::comm::emulated<threads>>);
+
+TEST_CASE("the trainer shares the process's CPUs among its ranks' BLAS threads") {
+  // The environment's setting wins over the automatic choice: run without it, then restore it.
+  std::vector<std::pair<const char*, std::string>> saved;
+  for (const char* name : {"OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"}) {
+    if (const char* value = std::getenv(name)) {
+      saved.emplace_back(name, value);
+      ::unsetenv(name);
+    }
+  }
+  const int cpus = sm::usable_cpus();
+  CHECK(cpus >= 1);
+  CHECK(sm::automatic_blas_threads(1) == cpus);
+  CHECK(sm::automatic_blas_threads(cpus * 4) == 1);
+#if defined(STRATA_BLAS_OPENBLAS)
+  const int expected_two = std::max(1, cpus / 2);
+#else
+  const int expected_two = 1;  // Eigen's own GEMM: one thread, nothing to set
+#endif
+  sm::set_blas_threads(7);  // something neither choice below gives
+  auto cfg = base_config("blas-threads");
+  cfg.world_size = 2;
+  int seen = 0;
+  threads::run(2, [&](threads& c) {
+    const strata::comm::any_comm any(c);
+    CHECK(any.ranks_in_process() == 2);
+    st::trainer<model_t, par::data<>> t(small_model(), cfg, any, {.print_progress = false});
+    c.barrier();
+    if (c.rank() == 0) {
+      seen = sm::blas_threads();
+    }
+  });
+  CHECK(seen == expected_two);
+#if defined(STRATA_BLAS_OPENBLAS)
+  {
+    const auto one_rank = [](const std::string& name) {
+      auto c = base_config(name);
+      c.bucket_size_mb = strata::config::train_config{}.bucket_size_mb;
+      return c;
+    };
+    // One rank: every usable CPU; an explicit count as given.
+    st::trainer<model_t> one(small_model(), one_rank("blas-threads-one"),
+                             {.print_progress = false});
+    CHECK(sm::blas_threads() == cpus);
+    auto three = one_rank("blas-threads-three");
+    three.blas_threads = 3;
+    st::trainer<model_t> explicit_count(small_model(), three, {.print_progress = false});
+    CHECK(sm::blas_threads() == 3);
+    // With OPENBLAS_NUM_THREADS set, automatic leaves the count alone.
+    ::setenv("OPENBLAS_NUM_THREADS", "3", 1);
+    st::trainer<model_t> from_environment(small_model(), one_rank("blas-threads-env"),
+                                          {.print_progress = false});
+    CHECK(sm::blas_threads() == 3);
+    ::unsetenv("OPENBLAS_NUM_THREADS");
+  }
+#endif
+  for (const auto& [name, value] : saved) {
+    ::setenv(name, value.c_str(), 1);
+  }
+  sm::set_blas_threads(sm::automatic_blas_threads(1));
 }

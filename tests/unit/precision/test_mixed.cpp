@@ -135,6 +135,48 @@ TEST_CASE("round_through equals a conversion to the 16-bit type and back") {
                        doctest::Contains("int32"), std::invalid_argument);
 }
 
+TEST_CASE("convert_floats equals the element conversions, both ways, at every length") {
+  const std::vector<float> values = probe_values();
+  // Lengths around the 8-wide F16C blocks, and every probe value at once.
+  for (const std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{8},
+                              std::size_t{9}, std::size_t{17}, values.size()}) {
+    INFO("n = ", n);
+    std::vector<strata::float16> half(n + 1, strata::float16::from_bits(0x1234));
+    std::vector<strata::bfloat16> brain(n + 1, strata::bfloat16::from_bits(0x1234));
+    strata::convert_floats(values.data(), half.data(), n);
+    strata::convert_floats(values.data(), brain.data(), n);
+    std::size_t wrong = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      const strata::float16 h(values[i]);
+      const bool nan = std::isnan(values[i]);
+      wrong += nan ? (strata::isnan(half[i]) ? 0 : 1) : (half[i].bits() == h.bits() ? 0 : 1);
+      wrong += brain[i].bits() == strata::bfloat16(values[i]).bits() ? 0 : 1;
+    }
+    CHECK(wrong == 0);
+    // Nothing written past n.
+    CHECK(half[n].bits() == 0x1234);
+    CHECK(brain[n].bits() == 0x1234);
+  }
+  // Every float16 and bfloat16 bit pattern back to float.
+  std::vector<strata::float16> all_half(65536);
+  std::vector<strata::bfloat16> all_brain(65536);
+  for (std::uint32_t b = 0; b < 65536; ++b) {
+    all_half[b] = strata::float16::from_bits(static_cast<std::uint16_t>(b));
+    all_brain[b] = strata::bfloat16::from_bits(static_cast<std::uint16_t>(b));
+  }
+  std::vector<float> wide(65536);
+  strata::convert_floats(all_half.data(), wide.data(), wide.size());
+  std::size_t wrong = 0;
+  for (std::size_t b = 0; b < wide.size(); ++b) {
+    wrong += same_value(wide[b], static_cast<float>(all_half[b])) ? 0 : 1;
+  }
+  strata::convert_floats(all_brain.data(), wide.data(), wide.size());
+  for (std::size_t b = 0; b < wide.size(); ++b) {
+    wrong += same_value(wide[b], static_cast<float>(all_brain[b])) ? 0 : 1;
+  }
+  CHECK(wrong == 0);
+}
+
 TEST_CASE("sequential stores activations and input gradients in the storage type") {
   const auto model = small_model();
   auto params = model.make_params();

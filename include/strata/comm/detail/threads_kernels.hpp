@@ -70,13 +70,25 @@ template <reduce_op Op, class T, class Count>
 inline void reduce_block(const T* const* inputs, std::size_t k, std::size_t i, Count n, T* result) {
   using A = accumulator_t<T>;
   A acc[fanout_block<T>];
-  for (std::size_t e = 0; e < n; ++e) {
-    acc[e] = static_cast<A>(inputs[0][i + e]);
-  }
-  for (std::size_t j = 1; j < k; ++j) {
-    const T* in = inputs[j] + i;
+  if constexpr (is_narrow_float<T>) {
+    // 16-bit floats: whole blocks through the buffer conversions (F16C for float16).
+    A wide[fanout_block<T>];
+    widen(inputs[0] + i, acc, n);
+    for (std::size_t j = 1; j < k; ++j) {
+      widen(inputs[j] + i, wide, n);
+      for (std::size_t e = 0; e < n; ++e) {
+        acc[e] = combine<A>(acc[e], wide[e], Op);
+      }
+    }
+  } else {
     for (std::size_t e = 0; e < n; ++e) {
-      acc[e] = combine<A>(acc[e], static_cast<A>(in[e]), Op);
+      acc[e] = static_cast<A>(inputs[0][i + e]);
+    }
+    for (std::size_t j = 1; j < k; ++j) {
+      const T* in = inputs[j] + i;
+      for (std::size_t e = 0; e < n; ++e) {
+        acc[e] = combine<A>(acc[e], static_cast<A>(in[e]), Op);
+      }
     }
   }
   if constexpr (Op == reduce_op::avg) {
@@ -84,9 +96,7 @@ inline void reduce_block(const T* const* inputs, std::size_t k, std::size_t i, C
       acc[e] = static_cast<A>(acc[e] / static_cast<A>(k));
     }
   }
-  for (std::size_t e = 0; e < n; ++e) {
-    result[e] = static_cast<T>(acc[e]);
-  }
+  narrow(acc, result, static_cast<std::size_t>(n));
 }
 
 // outputs[o][i] = inputs[0][i] op inputs[1][i] op ... op inputs[k-1][i] (divided by k for avg)

@@ -1,0 +1,74 @@
+# SPDX-License-Identifier: Apache-2.0
+# The data-parallel policies an example trainer picks from its configuration: runs PROGRAM
+# (optionally under LAUNCHER, e.g. "mpiexec;-n;2;--allow-run-as-root") with ARGS and each
+# policy's keys, and checks every run against the plain all-reduce run:
+#   - gradient_sync = parameter_server, hierarchical and zero_stage = 1 compute the same average
+#     gradient: test loss within 0.001;
+#   - gradient_compression = float16 / bfloat16 and top-k (ratio 0.1, through the parameter
+#     server and by all-gather) train on approximations: test accuracy within 3 points.
+#   cmake -DPROGRAM=... -DWORK=dir "-DARGS=--world_size;2;..." [-DLAUNCHER=...] -P file
+cmake_minimum_required(VERSION 3.25)
+file(REMOVE_RECURSE "${WORK}")
+
+# CMake's math is integer-only: numbers in units of 1e-4.
+function(to_units text out_var)
+  if(NOT text MATCHES "^([0-9]+)\\.?([0-9]*)$")
+    message(FATAL_ERROR "not a number: ${text}")
+  endif()
+  set(whole "${CMAKE_MATCH_1}")
+  string(SUBSTRING "${CMAKE_MATCH_2}0000" 0 4 fraction)
+  math(EXPR units "${whole} * 10000 + 1${fraction} - 10000")  # 1 in front: no octal, no empty
+  set(${out_var} "${units}" PARENT_SCOPE)
+endfunction()
+
+# Runs one case; sets <name>_accuracy and <name>_loss (units of 1e-4) in the caller.
+function(run_case name)
+  file(MAKE_DIRECTORY "${WORK}/${name}")
+  execute_process(COMMAND ${LAUNCHER} "${PROGRAM}" ${ARGS} ${ARGN} --resume false
+    --checkpoint_dir "${WORK}/${name}/checkpoints"
+    WORKING_DIRECTORY "${WORK}/${name}" RESULT_VARIABLE rc OUTPUT_VARIABLE out
+    ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "${PROGRAM} (${name}: ${ARGN}) failed (${rc}):\n${out}\n${err}")
+  endif()
+  if(NOT out MATCHES "summary: test_accuracy ([0-9.]+) test_loss ([0-9.]+)")
+    message(FATAL_ERROR "no summary line in the output of ${name}:\n${out}\n${err}")
+  endif()
+  message(STATUS "${name}: test accuracy ${CMAKE_MATCH_1}, test loss ${CMAKE_MATCH_2}")
+  set(accuracy "${CMAKE_MATCH_1}")
+  to_units("${CMAKE_MATCH_2}" loss)
+  to_units("${accuracy}" accuracy)
+  set(${name}_accuracy "${accuracy}" PARENT_SCOPE)
+  set(${name}_loss "${loss}" PARENT_SCOPE)
+endfunction()
+
+function(check_within name what tolerance)
+  math(EXPR diff "${${name}_${what}} - ${reference_${what}}")
+  if(diff LESS 0)
+    math(EXPR diff "0 - ${diff}")
+  endif()
+  if(diff GREATER tolerance)
+    message(FATAL_ERROR "${name}: test ${what} ${${name}_${what}} against all_reduce's "
+      "${reference_${what}} (units of 1e-4): more than ${tolerance} apart")
+  endif()
+endfunction()
+
+run_case(reference)
+# The cases whose gradients are the all-reduce's average.
+run_case(parameter_server --gradient_sync parameter_server)
+check_within(parameter_server loss 10)
+run_case(hierarchical --gradient_sync hierarchical)
+check_within(hierarchical loss 10)
+run_case(zero1 --zero_stage 1)
+check_within(zero1 loss 10)
+# The compressed ones.
+run_case(float16 --gradient_compression float16)
+check_within(float16 accuracy 300)
+run_case(bfloat16 --gradient_compression bfloat16)
+check_within(bfloat16 accuracy 300)
+run_case(topk_parameter_server --gradient_sync parameter_server --gradient_compression topk
+  --topk_ratio 0.1)
+check_within(topk_parameter_server accuracy 300)
+run_case(topk_all_gather --gradient_sync all_gather --gradient_compression topk --topk_ratio 0.1)
+check_within(topk_all_gather accuracy 300)
+message(STATUS "every data-parallel policy trained like all_reduce")
