@@ -4,7 +4,7 @@
 # policy's keys, and checks every run against the plain all-reduce run:
 #   - gradient_sync = parameter_server, hierarchical and zero_stage = 1 compute the same average
 #     gradient: test loss within 0.001;
-#   - gradient_compression = float16 / bfloat16 and top-k (ratio 0.1, through the parameter
+#   - gradient_compression = float16 / bfloat16 (all-reduce; float16 hierarchical) and top-k (ratio 0.1, through the parameter
 #     server and by all-gather) train on approximations: test accuracy within 3 points.
 #   cmake -DPROGRAM=... -DWORK=dir "-DARGS=--world_size;2;..." [-DLAUNCHER=...] -P file
 cmake_minimum_required(VERSION 3.25)
@@ -66,6 +66,8 @@ run_case(float16 --gradient_compression float16)
 check_within(float16 accuracy 300)
 run_case(bfloat16 --gradient_compression bfloat16)
 check_within(bfloat16 accuracy 300)
+run_case(hierarchical_float16 --gradient_sync hierarchical --gradient_compression float16)
+check_within(hierarchical_float16 accuracy 300)
 run_case(topk_parameter_server --gradient_sync parameter_server --gradient_compression topk
   --topk_ratio 0.1)
 check_within(topk_parameter_server accuracy 300)

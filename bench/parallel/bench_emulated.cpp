@@ -564,13 +564,15 @@ json run_hierarchy(const options& o) {
   const std::size_t count = mlp_parameter_count();
   const std::size_t runs = o.warmup + o.iters;
 
-  enum { flat_slow, hierarchical, flat_fast, flat_native, modes };
+  enum { flat_slow, hierarchical, flat_fast, flat_native, hierarchical_bf16, modes };
   std::vector<hierarchy_row> rows(modes);
   rows[flat_slow] = {.name = "(a) flat ring", .links = "all " + slow.name};
   rows[hierarchical] = {.name = "(b) hierarchical, groups of 2",
                         .links = "local " + fast.name + ", cross " + slow.name};
   rows[flat_fast] = {.name = "(c) flat ring (reference)", .links = "all " + fast.name};
   rows[flat_native] = {.name = "(d) flat backend all_reduce", .links = "all " + slow.name};
+  rows[hierarchical_bf16] = {.name = "(e) hierarchical, bf16 wire",
+                             .links = "local " + fast.name + ", cross " + slow.name};
   std::vector<std::vector<double>> times(modes);
   std::vector<std::size_t> wrong(static_cast<std::size_t>(ranks) * modes, 0);
   std::vector<std::size_t> a_differs_from_b(ranks, 0);
@@ -640,6 +642,21 @@ json run_hierarchy(const options& o) {
     }
     a_differs_from_b[static_cast<std::size_t>(me)] = differ;
 
+    // (e) (b) with the values as bfloat16 on every link, as data<hierarchical,
+    // compress::cast<bfloat16>> sends gradients (each hop rounds to bfloat16; the sums here are
+    // small integers, exact in it). The conversions are timed too.
+    std::vector<strata::bfloat16> wire(count);
+    const auto l1 = snapshot(h.local());
+    const auto c1 = snapshot(h.cross());
+    timed(hierarchical_bf16, [&] {
+      strata::convert_floats(data.data(), wire.data(), count);
+      scomm::hierarchical_all_reduce(h, wire, scomm::reduce_op::sum,
+                                     {.narrow_floats = scomm::narrow_float_mode::in_type});
+      strata::convert_floats(wire.data(), data.data(), count);
+    });
+    const counters e_local = per_run(l1, h.local());
+    const counters e_cross = per_run(c1, h.cross());
+
     // (d) the backend's own all_reduce on the slow link (one booking of the ring cost).
     w0 = snapshot(world);
     timed(flat_native, [&] {
@@ -666,6 +683,9 @@ json run_hierarchy(const options& o) {
       rows[flat_fast].modelled_seconds = c.seconds;
       rows[flat_native].slow_bytes = d.bytes;
       rows[flat_native].modelled_seconds = d.seconds;
+      rows[hierarchical_bf16].fast_bytes = e_local.bytes;
+      rows[hierarchical_bf16].slow_bytes = e_cross.bytes;
+      rows[hierarchical_bf16].modelled_seconds = e_local.seconds + e_cross.seconds;
     }
   });
 
@@ -712,6 +732,9 @@ json run_hierarchy(const options& o) {
       flat / rows[hierarchical].seconds,
       rows[flat_slow].modelled_seconds / rows[hierarchical].modelled_seconds, differ,
       differ == 0 ? " (bit-identical)" : "");
+  std::printf("# hierarchical float32 / bfloat16 wire = %.2fx measured, %.2fx modelled\n",
+              rows[hierarchical].seconds / rows[hierarchical_bf16].seconds,
+              rows[hierarchical].modelled_seconds / rows[hierarchical_bf16].modelled_seconds);
   std::printf(
       "# (a) sends %.2fx the bytes of (d): a ring over messages and the backend all_reduce "
       "cost the same on a full-duplex link\n",

@@ -79,7 +79,7 @@ inline void print_summary(const strata::train::fit_summary& s,
 // (config/validate.hpp has refused the combinations that do not exist):
 //   gradient_sync = all_reduce: parallel::data<all_reduce> with gradient_compression none,
 //     float16 or bfloat16 (compress::cast), or parallel::zero1 with zero_stage = 1;
-//   hierarchical: parallel::data<hierarchical>;
+//   hierarchical: parallel::data<hierarchical>, with the same compressors as all_reduce;
 //   all_gather: parallel::data<all_gather, compress::topk>;
 //   parameter_server: parallel::data<parameter_server>, with compress::topk when
 //     gradient_compression = topk.
@@ -88,9 +88,22 @@ decltype(auto) with_data_policy(const strata::config::train_config& cfg, Run&& r
   namespace sp = strata::parallel;
   using strata::config::compression_kind;
   using strata::config::gradient_sync_kind;
+  // The summing synchronisations with the compressor of gradient_compression.
+  const auto summed = [&]<class Sync>(std::type_identity<Sync>) {
+    switch (cfg.gradient_compression) {
+      case compression_kind::float16:
+        return run(std::type_identity<sp::data<Sync, sp::compress::cast<strata::float16>>>{});
+      case compression_kind::bfloat16:
+        return run(std::type_identity<sp::data<Sync, sp::compress::cast<strata::bfloat16>>>{});
+      case compression_kind::none:
+      case compression_kind::topk:
+        break;
+    }
+    return run(std::type_identity<sp::data<Sync>>{});
+  };
   switch (cfg.gradient_sync) {
     case gradient_sync_kind::hierarchical:
-      return run(std::type_identity<sp::data<sp::hierarchical>>{});
+      return summed(std::type_identity<sp::hierarchical>{});
     case gradient_sync_kind::all_gather:
       return run(std::type_identity<sp::data<sp::all_gather, sp::compress::topk>>{});
     case gradient_sync_kind::parameter_server:
@@ -104,18 +117,7 @@ decltype(auto) with_data_policy(const strata::config::train_config& cfg, Run&& r
   if (cfg.zero_stage == 1) {
     return run(std::type_identity<sp::zero1>{});
   }
-  switch (cfg.gradient_compression) {
-    case compression_kind::float16:
-      return run(
-          std::type_identity<sp::data<sp::all_reduce, sp::compress::cast<strata::float16>>>{});
-    case compression_kind::bfloat16:
-      return run(
-          std::type_identity<sp::data<sp::all_reduce, sp::compress::cast<strata::bfloat16>>>{});
-    case compression_kind::none:
-    case compression_kind::topk:
-      break;
-  }
-  return run(std::type_identity<sp::data<>>{});
+  return summed(std::type_identity<sp::all_reduce>{});
 }
 
 // Makes the trainer the configuration names and runs fit through `train(trainer&)`:
@@ -128,7 +130,7 @@ decltype(auto) with_data_policy(const strata::config::train_config& cfg, Run&& r
 //     mpiexec's job (built with MPI; `mpiexec -n 2 fashion_mnist_mlp --world_size 2
 //     --communication_backend mpi`).
 // Policies are compile-time choices: each combination is its own trainer type (so this function
-// instantiates 3 precisions x 9 trainers). The adaptive batch runs on one rank in the examples.
+// instantiates 3 precisions x 11 trainers). The adaptive batch runs on one rank in the examples.
 template <class Model, class Train>
 strata::train::fit_summary train_as_configured(const Model& model,
                                                const strata::config::train_config& cfg,

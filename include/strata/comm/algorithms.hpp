@@ -280,15 +280,9 @@ void run_on_recv(const void* send, void* recv, std::size_t count, dtype type,
   visit_dtype(type, [&](auto tag) {
     using T = decltype(tag);
     if constexpr (std::is_same_v<T, float16> || std::is_same_v<T, bfloat16>) {
-      const T* in = static_cast<const T*>(send);
-      for (std::size_t i = 0; i < count; ++i) {
-        wide[i] = static_cast<float>(in[i]);
-      }
+      convert_floats(static_cast<const T*>(send), wide.data(), count);
       run(static_cast<void*>(wide.data()), dtype::float32);
-      T* out = static_cast<T*>(recv);
-      for (std::size_t i = 0; i < count; ++i) {
-        out[i] = T(wide[i]);
-      }
+      convert_floats(wide.data(), static_cast<T*>(recv), count);
     }
   });
 }

@@ -46,10 +46,12 @@
 // does. A communicator and its requests are used from one thread, like any communicator.
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <thread>
 #include <type_traits>
@@ -245,6 +247,15 @@ class emulated {
   // so far on this communicator; the bytes of its receives, separately.
   std::uint64_t bytes_sent() const noexcept { return bytes_sent_; }
   std::uint64_t bytes_received() const noexcept { return bytes_received_; }
+  // The same over this communicator and every communicator split from it (transitively), which
+  // share one tally: what a rank sent in all, e.g. through the groups of a hierarchical
+  // all-reduce that a trainer split off.
+  std::uint64_t bytes_sent_with_splits() const noexcept {
+    return tally_->sent.load(std::memory_order_relaxed);
+  }
+  std::uint64_t bytes_received_with_splits() const noexcept {
+    return tally_->received.load(std::memory_order_relaxed);
+  }
   // The modelled transfer times of the collectives and sends, summed (queueing behind earlier
   // operations not included; receives run on the other direction of the link and overlap them).
   double delay_seconds() const noexcept { return delay_seconds_; }
@@ -348,8 +359,12 @@ class emulated {
   // ---- split ----------------------------------------------------------------------------------
 
   // Collective: an emulated communicator over the inner split, with the same link (change it
-  // with with_link), a free link and counters at zero.
-  emulated split(int color, int key) { return emulated(inner_.split(color, key), link_); }
+  // with with_link), a free link and counters at zero (bytes_*_with_splits go on adding up).
+  emulated split(int color, int key) {
+    emulated part(inner_.split(color, key), link_);
+    part.tally_ = tally_;
+    return part;
+  }
 
  private:
   static void sleep_until(clock::time_point due) {
@@ -368,6 +383,8 @@ class emulated {
         start + std::chrono::ceil<clock::duration>(std::chrono::duration<double>(t.seconds));
     free_at = done;
     (incoming ? bytes_received_ : bytes_sent_) += t.bytes_on_wire;
+    (incoming ? tally_->received : tally_->sent)
+        .fetch_add(t.bytes_on_wire, std::memory_order_relaxed);
     if (!incoming) {
       delay_seconds_ += t.seconds;
     }
@@ -397,6 +414,12 @@ class emulated {
   std::uint64_t bytes_sent_ = 0;
   std::uint64_t bytes_received_ = 0;
   double delay_seconds_ = 0;
+  // Shared with the communicators split from this one.
+  struct tally {
+    std::atomic<std::uint64_t> sent{0};
+    std::atomic<std::uint64_t> received{0};
+  };
+  std::shared_ptr<tally> tally_ = std::make_shared<tally>();
 };
 
 }  // namespace strata::comm

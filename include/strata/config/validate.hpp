@@ -120,11 +120,13 @@ inline void validate(const train_config& cfg, std::string_view source = {}) {
   }
   if ((cfg.gradient_compression == compression_kind::float16 ||
        cfg.gradient_compression == compression_kind::bfloat16) &&
-      cfg.gradient_sync != gradient_sync_kind::all_reduce) {
+      cfg.gradient_sync != gradient_sync_kind::all_reduce &&
+      cfg.gradient_sync != gradient_sync_kind::hierarchical) {
     throw config_error(
         at("gradient_compression"),
         "gradient_compression = " + std::string(to_string(cfg.gradient_compression)) +
-            " runs with gradient_sync = all_reduce only");
+            " runs with gradient_sync = all_reduce or hierarchical only, not " +
+            std::string(to_string(cfg.gradient_sync)));
   }
 }
 

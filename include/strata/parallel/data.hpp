@@ -55,6 +55,8 @@ struct all_reduce {
 // comm/algorithms.hpp over groups of hierarchy_group_size consecutive ranks (reduce-scatter inside
 // the group, all-reduce of each share across the groups, all-gather inside), once the step's
 // backward is done (not overlapped). Pays off when the links between groups are the slow ones.
+// With compress::cast<T> the gradients travel as T at every hop (each hop adds in float and
+// rounds its partial sum to T), half the bytes on the slow links too.
 struct hierarchical {
   static constexpr std::string_view name = "hierarchical";
 };
@@ -117,7 +119,13 @@ namespace detail {
 template <class Sync, class Compressor>
 constexpr std::string_view data_policy_name() {
   if constexpr (std::is_same_v<Sync, hierarchical>) {
-    return "data<hierarchical>";
+    if constexpr (std::is_same_v<Compressor, compress::none>) {
+      return "data<hierarchical>";
+    } else if constexpr (std::is_same_v<Compressor, compress::cast<float16>>) {
+      return "data<hierarchical, cast<float16>>";
+    } else {
+      return "data<hierarchical, cast<bfloat16>>";
+    }
   } else if constexpr (std::is_same_v<Sync, all_gather>) {
     return "data<all_gather, topk>";
   } else if constexpr (std::is_same_v<Sync, parameter_server>) {
@@ -139,9 +147,10 @@ struct data {
                     std::is_same_v<Sync, all_gather> || std::is_same_v<Sync, parameter_server>,
                 "parallel::data<Sync>: Sync must be parallel::all_reduce, hierarchical, "
                 "all_gather or parameter_server");
-  static_assert(!std::is_same_v<Sync, hierarchical> || std::is_same_v<Compressor, compress::none>,
-                "parallel::data<hierarchical, Compressor>: the hierarchical all-reduce runs "
-                "uncompressed in this version");
+  static_assert(!std::is_same_v<Sync, hierarchical> || std::is_same_v<Compressor, compress::none> ||
+                    compress::is_cast<Compressor>,
+                "parallel::data<hierarchical, Compressor>: the hierarchical all-reduce sums, so it "
+                "takes compress::none or compress::cast<float16 | bfloat16>, not top-k");
   static_assert(!std::is_same_v<Sync, all_reduce> || !std::is_same_v<Compressor, compress::topk>,
                 "parallel::data<all_reduce, compress::topk>: top-k output is not summable (each "
                 "rank sends different indices), so a summing all-reduce cannot carry it; it needs "

@@ -199,6 +199,10 @@ class trainer {
   // parallel::data<all_reduce, ...>: buckets all-reduced as backward completes them;
   // parallel::zero1: buckets reduced to the ranks that own their shards, likewise.
   static constexpr bool bucketed = distributed && !ps && !hierarchical && !topk;
+  // The element type of the hierarchical all-reduce's wire buffer (compress::cast<T>: T).
+  using hierarchy_wire_type =
+      std::conditional_t<parallel::wire_dtype<parallel_policy> == dtype::float16, float16,
+                         bfloat16>;
 
  public:
   using model_type = Model;
@@ -413,6 +417,11 @@ class trainer {
                                                   : comm::detail::default_group_size(comm_->size());
       groups.emplace(comm::make_hierarchy(*comm_, g));
     }
+    // The gradients in the wire type of compress::cast<T> (empty without one).
+    buffer<hierarchy_wire_type> hierarchy_wire(
+        hierarchical && parallel::wire_dtype<parallel_policy> != dtype::float32
+            ? compute_params().grads().size()
+            : 0);
     parallel::bucket_reducer reducer;
     if constexpr (bucketed) {
       reducer = parallel::bucket_reducer(
@@ -473,7 +482,17 @@ class trainer {
           const auto comm_begin = clock::now();
           double blocked_in_backward = 0.0;
           if constexpr (hierarchical) {
-            comm::hierarchical_all_reduce(*groups, compute_params().grads(), comm::reduce_op::avg);
+            const std::span<float> grads = compute_params().grads();
+            if constexpr (parallel::wire_dtype<parallel_policy> == dtype::float32) {
+              comm::hierarchical_all_reduce(*groups, grads, comm::reduce_op::avg);
+            } else {
+              // compress::cast<T>: the average travels as T (every hop adds in float and
+              // rounds to T), and comes back into float32.
+              convert_floats(grads.data(), hierarchy_wire.data(), grads.size());
+              comm::hierarchical_all_reduce(*groups, hierarchy_wire.span(), comm::reduce_op::avg,
+                                            {.narrow_floats = comm::narrow_float_mode::in_type});
+              convert_floats(hierarchy_wire.data(), grads.data(), grads.size());
+            }
           } else if constexpr (ps || topk) {
             // Parameter server: each server's shard of the gradients becomes the average.
             // All-gather of top-k: every rank's gradients become the average.
@@ -917,7 +936,7 @@ class trainer {
         refuse("gradient_compression",
                "gradient_compression = " + wanted_compression +
                    ", but the trainer's parallel policy is " + std::string(parallel_policy::name) +
-                   (distributed ? "; give it parallel::data<parallel::all_reduce, "
+                   (distributed ? "; give it parallel::data<parallel::all_reduce | hierarchical, "
                                   "parallel::compress::cast<float16 | bfloat16>> or "
                                   "parallel::data<parallel::all_gather | parameter_server, "
                                   "parallel::compress::topk> to match"

@@ -432,8 +432,18 @@ TEST_CASE("split keeps the link, with_link changes it for hierarchical setups") 
     mine.bytes = group.bytes_sent();
     mine.delay = group.delay_seconds();
     mine.other = c.delay_seconds();  // the parent's own counter: split is free
-    mine.values_ok =
-        group.size() == 2 && v[0] == (me % 2 == 0 ? 0 + 2 : 1 + 3) && c.link_model().name == "slow";
+    // The tally with splits: the group's 8 bytes, then one more on the parent, seen from all.
+    const bool group_sum = v[0] == (me % 2 == 0 ? 0 + 2 : 1 + 3);
+    const bool tally_before = c.bytes_sent() == 0 && c.bytes_sent_with_splits() == 8 &&
+                              group.bytes_sent_with_splits() == 8;
+    strata::comm::all_reduce(c, v, reduce_op::sum);
+    const std::uint64_t parent_bytes = c.bytes_sent();
+    const bool tally_after = parent_bytes > 0 && c.bytes_sent_with_splits() == 8 + parent_bytes &&
+                             same.bytes_sent_with_splits() == 8 + parent_bytes &&
+                             group.bytes_sent_with_splits() == 8 + parent_bytes &&
+                             same.bytes_sent() == 0;
+    mine.values_ok = group.size() == 2 && group_sum && v[0] == 2 * (2 + 4) &&
+                     c.link_model().name == "slow" && tally_before && tally_after;
   });
   // 1 int64 on 2 ranks: 8 bytes, 2 steps on the fast link.
   const double want = modelled_transfer(fast, op_kind::all_reduce, 1, dtype::int64, 2).seconds;

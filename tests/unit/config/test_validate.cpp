@@ -49,6 +49,23 @@ TEST_CASE("inconsistent pairs name both keys") {
   CHECK(names(message_of("lr = 0.1\nlr_min = 0.2"), "lr_min", "lr"));
   CHECK(names(message_of("gradient_compression = \"topk\"\ngradient_sync = \"hierarchical\""),
               "gradient_compression", "gradient_sync"));
+  CHECK(names(message_of("gradient_compression = \"float16\"\ngradient_sync = \"all_gather\""),
+              "gradient_sync", "all_gather"));
+  CHECK(names(message_of("gradient_compression = \"bfloat16\"\n"
+                         "gradient_sync = \"parameter_server\""),
+              "gradient_compression", "parameter_server"));
+  CHECK(names(message_of("zero_stage = 1\ngradient_sync = \"hierarchical\""), "zero_stage",
+              "hierarchical"));
+}
+
+TEST_CASE("the 16-bit casts go with the summing synchronisations") {
+  for (const char* sync : {"all_reduce", "hierarchical"}) {
+    for (const char* wire : {"float16", "bfloat16"}) {
+      const std::string text =
+          std::string("gradient_sync = \"") + sync + "\"\ngradient_compression = \"" + wire + "\"";
+      CHECK_NOTHROW(sc::validate(sc::parse_toml(text)));
+    }
+  }
 }
 
 TEST_CASE("consistent layouts pass and derive the data-parallel size") {

@@ -617,6 +617,62 @@ TEST_CASE("data<hierarchical> over 2 x 2 ranks trains like one rank") {
   }
 }
 
+TEST_CASE("data<hierarchical, compress::cast> sends half the bytes and trains like float32") {
+  // 2 x 2 ranks behind emulated links without delay: rank 0's bytes and final parameters.
+  auto run_with = [](auto policy_tag, strata::config::compression_kind kind,
+                     const std::string& name) {
+    using policy = typename decltype(policy_tag)::type;
+    auto cfg = base_config(name);
+    cfg.world_size = 4;
+    cfg.batch_size_per_gpu = 16;
+    cfg.gradient_sync = strata::config::gradient_sync_kind::hierarchical;
+    cfg.hierarchy_group_size = 2;
+    cfg.gradient_compression = kind;
+    std::uint64_t bytes = 0;
+    std::vector<std::vector<float>> params(4);
+    threads::run(4, [&](threads& c) {
+      strata::comm::emulated link(std::move(c), strata::comm::network_link::none());
+      st::trainer<model_t, policy> t(small_model(), cfg, strata::comm::any_comm(link),
+                                     {.print_progress = false});
+      t.fit(blobs{}, sd::identity{}, blobs{.n = 256, .salt = 1}, sd::identity{});
+      const auto me = static_cast<std::size_t>(link.rank());
+      params[me].assign(t.params().values().begin(), t.params().values().end());
+      if (me == 0) {
+        bytes = link.bytes_sent_with_splits();  // the groups are split off
+      }
+    });
+    for (std::size_t r = 1; r < 4; ++r) {
+      CHECK(params[r] == params[0]);  // every rank applied the same average
+    }
+    return std::pair{bytes, params[0]};
+  };
+  const auto [dense_bytes, dense] = run_with(std::type_identity<par::data<par::hierarchical>>{},
+                                             strata::config::compression_kind::none, "h-dense");
+  const auto [half_bytes, half] = run_with(
+      std::type_identity<par::data<par::hierarchical, par::compress::cast<strata::float16>>>{},
+      strata::config::compression_kind::float16, "h-fp16");
+  const auto [bf_bytes, bf] = run_with(
+      std::type_identity<par::data<par::hierarchical, par::compress::cast<strata::bfloat16>>>{},
+      strata::config::compression_kind::bfloat16, "h-bf16");
+  MESSAGE("hierarchical, bytes on the wire: dense ", dense_bytes, ", float16 ", half_bytes,
+          ", bfloat16 ", bf_bytes);
+  CHECK(static_cast<double>(half_bytes) < 0.6 * static_cast<double>(dense_bytes));
+  CHECK(bf_bytes == half_bytes);
+  double worst_half = 0.0;
+  double worst_bf = 0.0;
+  for (std::size_t i = 0; i < dense.size(); ++i) {
+    worst_half = std::max(worst_half, static_cast<double>(std::abs(half[i] - dense[i])));
+    worst_bf = std::max(worst_bf, static_cast<double>(std::abs(bf[i] - dense[i])));
+  }
+  MESSAGE("largest parameter difference to float32: float16 ", worst_half, ", bfloat16 ", worst_bf);
+  // The rounding is real and small (float16 loses the smallest gradients to its range,
+  // bfloat16 has 8 bits of mantissa; each hop rounds).
+  CHECK(worst_half > 0.0);
+  CHECK(worst_bf > 0.0);
+  CHECK(worst_half < 2e-2);
+  CHECK(worst_bf < 2e-2);
+}
+
 TEST_CASE("hierarchical keys must match the policy") {
   auto cfg = base_config("hierarchical-keys");
   cfg.world_size = 2;
