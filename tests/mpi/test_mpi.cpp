@@ -13,6 +13,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "strata/comm/any_comm.hpp"
 #include "strata/comm/collectives.hpp"
 #include "strata/comm/mpi.hpp"
 #include "strata/config/validate.hpp"
@@ -83,6 +84,19 @@ TEST_CASE("the environment and the world communicator") {
   CHECK(comm.size() == 0);  // NOLINT(bugprone-use-after-move): a moved-from handle is empty
   CHECK_THROWS_AS(comm.barrier(), strata::error);
   moved.barrier();
+}
+
+TEST_CASE("ranks_sharing_cpus: the process alone when bound, else the node's ranks") {
+  auto comm = mpi::world();
+  const int sharing = comm.ranks_sharing_cpus();
+  INFO("usable CPUs ", strata::usable_cpus(), " of ", strata::machine_cpus());
+  if (strata::cpus_bound()) {
+    CHECK(sharing == 1);
+  } else {
+    CHECK(sharing == comm.size());  // every rank of the test job runs on this machine
+  }
+  CHECK(strata::comm::any_comm(comm).ranks_sharing_cpus() == sharing);
+  CHECK(strata::comm::ranks_sharing_cpus(comm) == sharing);
 }
 
 TEST_CASE("world_size is checked against the processes mpiexec started") {

@@ -117,8 +117,8 @@ class any_comm {
   const comm_config& config() const noexcept { return ops_->config(self_); }
   // The wrapped backend's comm::nonblocking_progresses (see concepts.hpp).
   bool progresses_nonblocking() const noexcept { return ops_->progresses_nonblocking(); }
-  // The wrapped backend's comm::ranks_in_process (see concepts.hpp).
-  int ranks_in_process() const noexcept { return ops_->ranks_in_process(self_); }
+  // The wrapped backend's comm::ranks_sharing_cpus (see concepts.hpp).
+  int ranks_sharing_cpus() const noexcept { return ops_->ranks_sharing_cpus(self_); }
 
   // ---- untyped: the contract's signatures -----------------------------------------------------
 
@@ -242,7 +242,7 @@ class any_comm {
     virtual int size(const void* c) const noexcept = 0;
     virtual const comm_config& config(const void* c) const noexcept = 0;
     virtual bool progresses_nonblocking() const noexcept = 0;
-    virtual int ranks_in_process(const void* c) const noexcept = 0;
+    virtual int ranks_sharing_cpus(const void* c) const noexcept = 0;
     virtual void all_reduce(void* c, const void* s, void* r, std::size_t n, dtype t,
                             reduce_op op) const = 0;
     virtual request all_reduce_async(void* c, const void* s, void* r, std::size_t n, dtype t,
@@ -289,8 +289,8 @@ class any_comm {
     int size(const void* c) const noexcept override { return self(c).size(); }
     const comm_config& config(const void* c) const noexcept override { return self(c).config(); }
     bool progresses_nonblocking() const noexcept override { return nonblocking_progresses<C>; }
-    int ranks_in_process(const void* c) const noexcept override {
-      return comm::ranks_in_process(self(c));
+    int ranks_sharing_cpus(const void* c) const noexcept override {
+      return comm::ranks_sharing_cpus(self(c));
     }
     void all_reduce(void* c, const void* s, void* r, std::size_t n, dtype t,
                     reduce_op op) const override {

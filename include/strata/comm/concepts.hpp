@@ -149,10 +149,11 @@ inline constexpr bool nonblocking_progresses = [] {
   }
 }();
 
-// Optional: `static constexpr bool ranks_share_process = true;` says that every rank of the
-// communicator runs in this process (comm::threads), so that they share its CPUs: the trainer
-// gives each rank its share of the BLAS threads (model/blas.hpp). Backends that say nothing run
-// one rank per process.
+// Optional: how many ranks of the job run on the CPUs this process may use (itself included), so
+// that the trainer can share them out (the BLAS threads, model/blas.hpp). A backend says it by
+// `static constexpr bool ranks_share_process = true;` when every rank of the communicator is a
+// thread of this process (comm::threads: size()), or by a member
+// `int ranks_sharing_cpus() const noexcept` (comm::mpi asks the launcher); otherwise 1.
 template <class C>
 inline constexpr bool ranks_share_process = [] {
   if constexpr (requires { C::ranks_share_process; }) {
@@ -162,10 +163,17 @@ inline constexpr bool ranks_share_process = [] {
   }
 }();
 
-// How many of the communicator's ranks run in this process: all (size()) or 1.
 template <class C>
-int ranks_in_process(const C& c) noexcept {
-  return ranks_share_process<C> ? c.size() : 1;
+int ranks_sharing_cpus(const C& c) noexcept {
+  if constexpr (requires {
+                  { c.ranks_sharing_cpus() } -> std::convertible_to<int>;
+                }) {
+    return c.ranks_sharing_cpus();
+  } else if constexpr (ranks_share_process<C>) {
+    return c.size();
+  } else {
+    return 1;
+  }
 }
 
 // One readable error per missing requirement, for the places where policies meet (nvcc reports

@@ -170,8 +170,6 @@ template <comm_backend Inner>
 class emulated {
  public:
   using policy_category = comm_backend_tag;
-  // The inner backend's placement of ranks (the link is modelled, the CPUs are real).
-  static constexpr bool ranks_share_process = ::strata::comm::ranks_share_process<Inner>;
   using clock = std::chrono::steady_clock;
 
   // The handle of a non-blocking operation: the inner request plus the modelled completion time.
@@ -238,6 +236,9 @@ class emulated {
   int rank() const noexcept { return inner_.rank(); }
   int size() const noexcept { return inner_.size(); }
   const comm_config& config() const noexcept { return inner_.config(); }
+
+  // The inner backend's placement of ranks (the link is modelled, the CPUs are real).
+  int ranks_sharing_cpus() const noexcept { return ::strata::comm::ranks_sharing_cpus(inner_); }
 
   const network_link& link_model() const noexcept { return link_; }
   Inner& inner() noexcept { return inner_; }

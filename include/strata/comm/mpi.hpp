@@ -46,6 +46,7 @@
 #include "strata/comm/history.hpp"
 #include "strata/comm/reduce.hpp"
 #include "strata/comm/types.hpp"
+#include "strata/core/cpus.hpp"
 #include "strata/core/deadline.hpp"
 #include "strata/core/dtype.hpp"
 #include "strata/core/error.hpp"
@@ -1028,6 +1029,26 @@ class mpi {
     static const comm_config none{};
     return state_ ? state_->config : none;
   }
+  // How many of the job's ranks run on the CPUs this process may use (comm::ranks_sharing_cpus):
+  // 1 when the launcher bound the process to part of the machine (mpiexec binds each rank to
+  // its cores unless oversubscribed or told --bind-to none), else the ranks on this node as the
+  // launcher tells them (Open MPI: OMPI_COMM_WORLD_LOCAL_SIZE; MPICH's Hydra: MPI_LOCALNRANKS),
+  // or 1 when it does not. No communication.
+  int ranks_sharing_cpus() const noexcept {
+    if (cpus_bound()) {
+      return 1;
+    }
+    for (const char* name : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"}) {
+      if (const char* text = std::getenv(name)) {
+        const int n = std::atoi(text);
+        if (n >= 1) {
+          return n;
+        }
+      }
+    }
+    return 1;
+  }
+
   // The MPI communicator the operations run on, for interoperation (do not free it).
   MPI_Comm native_handle() const noexcept { return state_ ? state_->data : MPI_COMM_NULL; }
   // This rank's recent operations, oldest first (what a comm error prints).

@@ -1175,7 +1175,7 @@ class threads_core {
 class threads {
  public:
   using policy_category = comm_backend_tag;
-  // Every rank is a thread of this process (comm::ranks_in_process is size()).
+  // Every rank is a thread of this process (comm::ranks_sharing_cpus is size()).
   static constexpr bool ranks_share_process = true;
 
   // What a rank stopped by a `kill` fault ends with (try_run reports it; run does not rethrow it).

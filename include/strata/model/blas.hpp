@@ -15,11 +15,8 @@
 #include <cstdlib>
 #include <mutex>
 #include <string_view>
-#include <thread>
 
-#if defined(__linux__)
-#include <sched.h>
-#endif
+#include "strata/core/cpus.hpp"
 
 #if defined(STRATA_BLAS_OPENBLAS)
 extern "C" void openblas_set_num_threads(int);
@@ -34,19 +31,6 @@ inline std::string_view blas_backend() {
 #else
   return "Eigen (built-in GEMM)";
 #endif
-}
-
-// CPUs this process may run on: its affinity mask on Linux (mpiexec binds each rank to its
-// cores), else std::thread::hardware_concurrency(); at least 1.
-inline int usable_cpus() noexcept {
-#if defined(__linux__)
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) {
-    return std::max(1, CPU_COUNT(&set));
-  }
-#endif
-  return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
 }
 
 // Threads of the GEMM: OpenBLAS's process-wide count; 1 for Eigen's own kernels (this build
@@ -84,10 +68,11 @@ inline bool blas_threads_from_environment() noexcept {
   return set("OPENBLAS_NUM_THREADS") || set("OMP_NUM_THREADS");
 }
 
-// The automatic count for a process that runs `ranks_in_process` ranks (comm::threads: all of
-// them; one per process under mpiexec): its usable CPUs shared out, at least 1 per rank.
-inline int automatic_blas_threads(int ranks_in_process) noexcept {
-  return std::max(1, usable_cpus() / std::max(1, ranks_in_process));
+// The automatic count when `sharing` ranks run on this process's usable CPUs (comm::
+// ranks_sharing_cpus: all ranks of comm::threads; under mpiexec the process alone when bound to
+// its cores, else the node's ranks): those CPUs shared out, at least 1 per rank.
+inline int automatic_blas_threads(int sharing) noexcept {
+  return std::max(1, usable_cpus() / std::max(1, sharing));
 }
 
 }  // namespace strata::model

@@ -238,7 +238,8 @@ class trainer {
     if (cfg_.blas_threads != 0) {
       model::set_blas_threads(static_cast<int>(cfg_.blas_threads));
     } else if (!model::blas_threads_from_environment()) {
-      model::set_blas_threads(model::automatic_blas_threads(comm_ ? comm_->ranks_in_process() : 1));
+      model::set_blas_threads(
+          model::automatic_blas_threads(comm_ ? comm_->ranks_sharing_cpus() : 1));
     }
     if constexpr (ps) {
       dedicated_ = cfg_.dedicated_parameter_servers;
