@@ -19,6 +19,7 @@
 #include "strata/model/layers.hpp"
 #include "strata/model/sequential.hpp"
 #include "strata/parallel/data.hpp"
+#include "strata/precision/mixed.hpp"
 #include "strata/train/estimate_memory.hpp"
 #include "strata/train/trainer.hpp"
 
@@ -206,13 +207,19 @@ TEST_CASE("the hierarchical all-reduce over MPI trains like one process") {
   });
 }
 
-TEST_CASE("the asynchronous parameter server over MPI keeps its staleness bound and learns") {
+namespace {
+
+// Dedicated asynchronous servers on the upper half of the ranks, staleness 1, over MPI.
+template <class Precision>
+void check_async_parameter_server(const std::string& name,
+                                  strata::config::precision_dtype precision) {
   namespace par = strata::parallel;
   auto comm = mpi::world();
   const int ranks = comm.size();
   const int rank = comm.rank();
-  auto cfg = base_config("ps-async", rank);
+  auto cfg = base_config(name, rank);
   comm.barrier();
+  cfg.mixed_precision_dtype = precision;
   cfg.world_size = ranks;
   cfg.communication_backend = strata::config::comm_backend_kind::mpi;
   cfg.gradient_sync = strata::config::gradient_sync_kind::parameter_server;
@@ -223,7 +230,7 @@ TEST_CASE("the asynchronous parameter server over MPI keeps its staleness bound 
   cfg.batch_size_per_gpu = 64 / (ranks / 2);
   cfg.momentum = 0.0;
   cfg.weight_decay = 0.0;
-  st::trainer<model_t, par::data<par::parameter_server>> t(
+  st::trainer<model_t, par::data<par::parameter_server>, Precision> t(
       small_model(), cfg, strata::comm::any_comm(comm), {.print_progress = false});
   const st::fit_summary s =
       t.fit(blobs{}, sd::identity{}, blobs{.n = 256, .salt = 1}, sd::identity{});
@@ -233,4 +240,18 @@ TEST_CASE("the asynchronous parameter server over MPI keeps its staleness bound 
     CHECK(t.parameter_server_max_lead() <= 1);
     CHECK(s.steps == 16);  // 2 epochs of 512 / 64
   }
+}
+
+}  // namespace
+
+TEST_CASE("the asynchronous parameter server over MPI keeps its staleness bound and learns") {
+  check_async_parameter_server<strata::precision::fp32>("ps-async",
+                                                        strata::config::precision_dtype::float32);
+}
+
+TEST_CASE("the asynchronous parameter server over MPI with bfloat16 and float16") {
+  check_async_parameter_server<strata::precision::bf16>("ps-async-bf16",
+                                                        strata::config::precision_dtype::bfloat16);
+  check_async_parameter_server<strata::precision::fp16>("ps-async-fp16",
+                                                        strata::config::precision_dtype::float16);
 }

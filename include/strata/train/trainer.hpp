@@ -515,12 +515,18 @@ class trainer {
                 if constexpr (mixed) {
                   finite = std::all_of(grads.begin(), grads.end(),
                                        [](float g) { return std::isfinite(g); });
-                  finite = !precision::any_rank_overflowed(*comm_, !finite);
+                  if (!async_) {
+                    finite = !precision::any_rank_overflowed(*comm_, !finite);
+                  }
                 }
                 pending_finite_ = finite;
                 send = finite;
-                if (send && (async_ || rank() == 0)) {
-                  // Asynchronous: every worker announces its own push.
+                if (async_) {
+                  // Asynchronous: every worker announces its own step, a push or (its own
+                  // gradients not finite) a skip; either way the servers count the step and
+                  // reply with the parameters.
+                  send_to_servers(finite ? server_command::step : server_command::skip, lr, scale);
+                } else if (send && rank() == 0) {
                   send_to_servers(server_command::step, lr, scale);
                 }
               }
@@ -969,10 +975,6 @@ class trainer {
                  "parameter_server_async needs dedicated_parameter_servers = true (a co-located "
                  "server would stop serving while its rank trains)");
         }
-        if (mixed) {
-          refuse("mixed_precision_dtype",
-                 "the asynchronous parameter server runs float32 gradients only in this version");
-        }
         if (topk) {
           refuse("gradient_compression",
                  "the asynchronous parameter server runs dense gradients only in this version");
@@ -1228,7 +1230,9 @@ class trainer {
       // holds parameters before this decision, so that every rank skips together.
       bool finite = precision::unscale_and_check(to, loss_scale());
       if constexpr (distributed) {
-        finite = !precision::any_rank_overflowed(*comm_, !finite);
+        if (!async_) {  // asynchronous workers decide alone (pending_finite_ below)
+          finite = !precision::any_rank_overflowed(*comm_, !finite);
+        }
       }
       if constexpr (ps) {
         if (dedicated_) {
@@ -1241,6 +1245,11 @@ class trainer {
       }
       if (!apply) {
         ++skipped_steps_;
+        if constexpr (ps) {
+          if (async_) {
+            ps_->pull(params_.values());  // the servers answered the skip with the parameters
+          }
+        }
         if constexpr (!scaled) {
           // No scale to back off: a run of non-finite steps ends training, as a scaler would.
           if (++nonfinite_in_a_row_ >= static_cast<std::uint64_t>(cfg_.loss_scale_max_skips)) {
@@ -1364,7 +1373,8 @@ class trainer {
   // parallel::data<parameter_server> with dedicated servers: worker 0 tells every server what
   // comes next (a step's push with its learning rate and loss scale, a checkpoint's state
   // request, the end of training); the servers follow in serve().
-  enum class server_command : std::int64_t { step = 1, save = 2, finish = 3 };
+  // skip: an asynchronous worker's step whose gradients were not finite (no push follows).
+  enum class server_command : std::int64_t { step = 1, save = 2, finish = 3, skip = 4 };
   static constexpr int server_command_tag = parallel::ps_exchange::tag_base + 9;
 
   void send_to_servers(server_command command, double lr, double scale) {
@@ -1444,6 +1454,14 @@ class trainer {
             at[w] = phase::save;
             continue;
           }
+          if (command == server_command::skip) {
+            // Counted as a step without an update, so that staleness and checkpoints keep
+            // comparing steps.
+            step_ = std::max(step_, static_cast<std::uint64_t>(commands[4 * w + 1]) + 1);
+            ++pushed[w];
+            at[w] = phase::reply;
+            continue;
+          }
           if (command != server_command::step) {
             throw error("parameter server " + std::to_string(rank()) + ": unknown command " +
                         std::to_string(commands[4 * w]) + " from worker " + std::to_string(w));
@@ -1457,6 +1475,12 @@ class trainer {
           const auto n = static_cast<float>(workers);
           for (std::size_t i = 0; i < shard; ++i) {
             grads[first + i] = incoming[w * shard + i] / n;
+          }
+          if constexpr (mixed) {
+            // The worker's gradients as the 16-bit type holds them, scaled by its loss scale.
+            const std::span<float> mine = grads.subspan(first, shard);
+            round_through(mine, compute_dtype);
+            precision::unscale_and_check(mine, std::bit_cast<double>(commands[4 * w + 3]));
           }
           apply_update(std::bit_cast<double>(commands[4 * w + 2]), false);
           step_ = std::max(step_, static_cast<std::uint64_t>(commands[4 * w + 1]) + 1);

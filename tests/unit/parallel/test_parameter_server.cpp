@@ -545,12 +545,13 @@ namespace {
 
 // 2 workers and 1 dedicated asynchronous server; returns every rank's record and the server's
 // largest observed lead. `slow` sleeps worker 1 that long after each of its steps.
+template <class Precision = sp::fp32>
 std::pair<std::vector<run_record>, std::uint64_t> run_async(const sc::train_config& cfg,
                                                             std::chrono::milliseconds slow) {
   std::vector<run_record> records(3);
   std::uint64_t lead = 0;
   threads::run(3, [&](threads& c) {
-    st::trainer<model_t, par::data<par::parameter_server>> t(
+    st::trainer<model_t, par::data<par::parameter_server>, Precision> t(
         strata::test::blobs_mlp(), cfg, strata::comm::any_comm(c), {.print_progress = false});
     if (c.rank() == 1 && slow.count() > 0) {
       t.on_step([slow](const st::step_metrics&) { std::this_thread::sleep_for(slow); });
@@ -608,6 +609,68 @@ TEST_CASE("the asynchronous server lets a worker lead by at most the staleness b
   const auto again = run_async(cfg, std::chrono::milliseconds(0));
   CHECK_FALSE(again.first[0].summary.resumed_from.empty());
   CHECK(again.first[0].summary.params_xxh3 == records[0].summary.params_xxh3);
+}
+
+TEST_CASE("the asynchronous server with bfloat16 trains like synchronous bfloat16") {
+  auto reference = base_config("async-bf16-reference", 2);
+  reference.momentum = 0.0;
+  reference.weight_decay = 0.0;
+  reference.mixed_precision_dtype = sc::precision_dtype::bfloat16;
+  const run_record sync = run_ranks<par::data<>, sp::bf16>(2, reference)[0];
+  auto cfg = async_config("async-bf16", 0);
+  cfg.mixed_precision_dtype = sc::precision_dtype::bfloat16;
+  const auto [records, lead] = run_async<sp::bf16>(cfg, std::chrono::milliseconds(0));
+  CHECK(lead == 0);
+  for (int r = 0; r < 2; ++r) {
+    INFO("worker ", r);
+    const run_record& mine = records[static_cast<std::size_t>(r)];
+    REQUIRE(mine.steps.size() == sync.steps.size());
+    // One update per worker of half its gradient (each rounded through bfloat16) instead of one
+    // of the average: the same SGD up to the rounding.
+    const double worst = worst_difference(mine.params, sync.params);
+    MESSAGE("worker ", r, ": largest parameter difference to synchronous bfloat16 ", worst);
+    CHECK(worst < 1e-2);
+    CHECK(mine.summary.test_accuracy > sync.summary.test_accuracy - 0.02);
+  }
+}
+
+TEST_CASE("an asynchronous float16 worker skips its own overflowing steps, the others go on") {
+  auto reference = base_config("async-fp16-reference", 2);
+  reference.momentum = 0.0;
+  reference.weight_decay = 0.0;
+  reference.mixed_precision_dtype = sc::precision_dtype::float16;
+  // A loss scale far too large: the first steps overflow float16 until the scaler has backed
+  // off far enough (the synchronous reference skips as many steps).
+  reference.loss_scale_initial = 268435456.0;  // 2^28
+  reference.loss_scale_backoff_factor = 0.125;
+  const run_record sync = run_ranks<par::data<>, sp::fp16>(2, reference)[0];
+  std::size_t sync_skipped = 0;
+  for (const auto& m : sync.steps) {
+    sync_skipped += m.skipped ? 1 : 0;
+  }
+  auto cfg = async_config("async-fp16", 1);
+  cfg.mixed_precision_dtype = sc::precision_dtype::float16;
+  cfg.loss_scale_initial = reference.loss_scale_initial;
+  cfg.loss_scale_backoff_factor = reference.loss_scale_backoff_factor;
+  const auto [records, lead] = run_async<sp::fp16>(cfg, std::chrono::milliseconds(0));
+  CHECK(lead <= 1);
+  for (int r = 0; r < 2; ++r) {
+    INFO("worker ", r);
+    const run_record& mine = records[static_cast<std::size_t>(r)];
+    REQUIRE(mine.steps.size() == sync.steps.size());
+    std::size_t skipped = 0;
+    for (const auto& m : mine.steps) {
+      skipped += m.skipped ? 1 : 0;
+    }
+    MESSAGE("worker ", r, ": ", skipped, " steps skipped (synchronous: ", sync_skipped,
+            "), test accuracy ", mine.summary.test_accuracy, " (synchronous ",
+            sync.summary.test_accuracy, ")");
+    CHECK(skipped > 0);                      // the overflows were caught
+    CHECK(skipped < mine.steps.size() / 2);  // and the scale came down
+    CHECK(mine.summary.test_accuracy > sync.summary.test_accuracy - 0.05);
+  }
+  // The server counted every worker step, pushed or skipped.
+  CHECK(records[2].summary.steps == sync.summary.steps);
 }
 
 TEST_CASE("parameter-server and top-k keys must match the policy") {
