@@ -10,16 +10,7 @@
 cmake_minimum_required(VERSION 3.25)
 file(REMOVE_RECURSE "${WORK}")
 
-# CMake's math is integer-only: numbers in units of 1e-4.
-function(to_units text out_var)
-  if(NOT text MATCHES "^([0-9]+)\\.?([0-9]*)$")
-    message(FATAL_ERROR "not a number: ${text}")
-  endif()
-  set(whole "${CMAKE_MATCH_1}")
-  string(SUBSTRING "${CMAKE_MATCH_2}0000" 0 4 fraction)
-  math(EXPR units "${whole} * 10000 + 1${fraction} - 10000")  # 1 in front: no octal, no empty
-  set(${out_var} "${units}" PARENT_SCOPE)
-endfunction()
+include("${CMAKE_CURRENT_LIST_DIR}/strata_units.cmake")  # to_units
 
 # Runs one case; sets <name>_accuracy and <name>_loss (units of 1e-4) in the caller.
 function(run_case name)

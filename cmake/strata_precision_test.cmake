@@ -25,16 +25,7 @@ endfunction()
 
 accuracy(float32 reference)
 accuracy(${DTYPE} mixed)
-# CMake's math is integer-only: compare in units of 1e-4.
-function(to_units text out_var)
-  if(NOT text MATCHES "^([0-9]+)\\.?([0-9]*)$")
-    message(FATAL_ERROR "not a number: ${text}")
-  endif()
-  set(whole "${CMAKE_MATCH_1}")
-  string(SUBSTRING "${CMAKE_MATCH_2}0000" 0 4 fraction)
-  math(EXPR units "${whole} * 10000 + 1${fraction} - 10000")  # 1 in front: no octal, no empty
-  set(${out_var} "${units}" PARENT_SCOPE)
-endfunction()
+include("${CMAKE_CURRENT_LIST_DIR}/strata_units.cmake")  # to_units: compare in units of 1e-4
 to_units("${reference}" ref_digits)
 to_units("${mixed}" mixed_digits)
 to_units("${TOLERANCE}" tol_digits)

@@ -150,27 +150,15 @@ inline constexpr bool nonblocking_progresses = [] {
 }();
 
 // Optional: how many ranks of the job run on the CPUs this process may use (itself included), so
-// that the trainer can share them out (the BLAS threads, model/blas.hpp). A backend says it by
-// `static constexpr bool ranks_share_process = true;` when every rank of the communicator is a
-// thread of this process (comm::threads: size()), or by a member
-// `int ranks_sharing_cpus() const noexcept` (comm::mpi asks the launcher); otherwise 1.
-template <class C>
-inline constexpr bool ranks_share_process = [] {
-  if constexpr (requires { C::ranks_share_process; }) {
-    return static_cast<bool>(C::ranks_share_process);
-  } else {
-    return false;
-  }
-}();
-
+// that the trainer can share them out (the BLAS threads, model/blas.hpp). A backend says it by a
+// member `int ranks_sharing_cpus() const noexcept` (comm::threads: size(), every rank is a
+// thread of this process; comm::mpi asks the launcher); backends without one count 1.
 template <class C>
 int ranks_sharing_cpus(const C& c) noexcept {
   if constexpr (requires {
                   { c.ranks_sharing_cpus() } -> std::convertible_to<int>;
                 }) {
     return c.ranks_sharing_cpus();
-  } else if constexpr (ranks_share_process<C>) {
-    return c.size();
   } else {
     return 1;
   }

@@ -18,10 +18,14 @@
 
 namespace strata::comm {
 
+namespace detail {
+template <class T>
+inline constexpr bool is_narrow_float = std::is_same_v<T, float16> || std::is_same_v<T, bfloat16>;
+}  // namespace detail
+
 // The type a reduction accumulates T in.
 template <class T>
-using accumulator_t =
-    std::conditional_t<std::is_same_v<T, float16> || std::is_same_v<T, bfloat16>, float, T>;
+using accumulator_t = std::conditional_t<detail::is_narrow_float<T>, float, T>;
 
 // Calls f(T{}) with the C++ type of `type`.
 template <class F>
@@ -62,9 +66,6 @@ constexpr A combine(A a, A b, reduce_op op) noexcept {
 }
 
 namespace detail {
-
-template <class T>
-inline constexpr bool is_narrow_float = std::is_same_v<T, float16> || std::is_same_v<T, bfloat16>;
 
 // Elements per pass of the loops below (16-bit floats go through float buffers of this size).
 inline constexpr std::size_t reduce_chunk = 256;

@@ -1175,8 +1175,6 @@ class threads_core {
 class threads {
  public:
   using policy_category = comm_backend_tag;
-  // Every rank is a thread of this process (comm::ranks_sharing_cpus is size()).
-  static constexpr bool ranks_share_process = true;
 
   // What a rank stopped by a `kill` fault ends with (try_run reports it; run does not rethrow it).
   using killed = detail::threads_killed;
@@ -1293,6 +1291,9 @@ class threads {
   int rank() const noexcept { return core_->rank(); }
   int size() const noexcept { return core_->size(); }
   const comm_config& config() const noexcept { return core_->config(); }
+  // Every rank is a thread of this process, so all of them share its CPUs
+  // (comm::ranks_sharing_cpus).
+  int ranks_sharing_cpus() const noexcept { return size(); }
   // This rank's index among all the ranks of its threads::run.
   int world_rank() const noexcept { return core_->world_rank(); }
   // The last operations of this rank on this communicator, oldest first.

@@ -286,8 +286,9 @@ constexpr void visit_keys(Visitor&& v) {
             "Ready batches the loader keeps ahead of the step."});
   v(int_key{"blas_threads", &c::blas_threads, 0, 4096,
             "GEMM (OpenBLAS) threads of the process, set by the trainer; 0 = automatic: the CPUs "
-            "the process may use divided by the ranks it runs (comm::threads: world_size; one per "
-            "process under mpiexec), unless OPENBLAS_NUM_THREADS or OMP_NUM_THREADS sets them."});
+            "the process may use divided by the ranks that run on them (comm::threads: "
+            "world_size; under mpiexec 1 when bound to its cores, else the node's ranks), unless "
+            "OPENBLAS_NUM_THREADS or OMP_NUM_THREADS sets them."});
   v(bool_key{"augment", &c::augment, "Apply the example's augmentation chain to training data."});
   v(real_key{"loader_timeout", &c::loader_timeout, 0.0, 86400.0, true,
              "Seconds the step waits for one batch before the loader reports a stalled worker."});

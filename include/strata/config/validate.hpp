@@ -116,7 +116,9 @@ inline void validate(const train_config& cfg, std::string_view source = {}) {
                        "without compression; gradient_sync = " +
                            std::string(to_string(cfg.gradient_sync)) + ", gradient_compression = " +
                            std::string(to_string(cfg.gradient_compression)) +
-                           " (the parameter server shards it over its servers already)");
+                           (cfg.gradient_sync == gradient_sync_kind::parameter_server
+                                ? " (the parameter server shards it over its servers already)"
+                                : ""));
   }
   if ((cfg.gradient_compression == compression_kind::float16 ||
        cfg.gradient_compression == compression_kind::bfloat16) &&

@@ -153,6 +153,34 @@ inline void convert_floats(const bfloat16* from, float* to, std::size_t n) noexc
   }
 }
 
+// The same with the 16-bit type given at run time (a wire buffer of float16 or bfloat16 values):
+// from float into `to`, or from `from` into float. Other types throw std::invalid_argument.
+inline void convert_floats(const float* from, void* to, std::size_t n, dtype type) {
+  switch (type) {
+    case dtype::float16:
+      return convert_floats(from, static_cast<float16*>(to), n);
+    case dtype::bfloat16:
+      return convert_floats(from, static_cast<bfloat16*>(to), n);
+    default:
+      break;
+  }
+  throw std::invalid_argument("convert_floats: float converts to float16 or bfloat16, not " +
+                              std::string(to_string(type)));
+}
+
+inline void convert_floats(const void* from, float* to, std::size_t n, dtype type) {
+  switch (type) {
+    case dtype::float16:
+      return convert_floats(static_cast<const float16*>(from), to, n);
+    case dtype::bfloat16:
+      return convert_floats(static_cast<const bfloat16*>(from), to, n);
+    default:
+      break;
+  }
+  throw std::invalid_argument("convert_floats: float16 or bfloat16 convert to float, not " +
+                              std::string(to_string(type)));
+}
+
 // Rounds every value through `type`: float32 leaves them as they are; float16 and bfloat16 round
 // as described above. Other types throw std::invalid_argument.
 inline void round_through(std::span<float> values, dtype type) {

@@ -348,11 +348,7 @@ class bucket_reducer {
         const grad_bucket& bucket = buckets_[b];
         const std::uint16_t* from = staging_.data() + staging_offset(b);
         float* to = grads_.data() + bucket.offset;
-        if (wire_ == dtype::float16) {
-          convert_floats(reinterpret_cast<const float16*>(from), to, bucket.size);
-        } else {
-          convert_floats(reinterpret_cast<const bfloat16*>(from), to, bucket.size);
-        }
+        convert_floats(from, to, bucket.size, wire_);
       }
     }
   }
@@ -391,11 +387,7 @@ class bucket_reducer {
       all_reduce(data, bucket.size, dtype::float32);
     } else {
       std::uint16_t* wire = staging_.data() + staging_offset(b);
-      if (wire_ == dtype::float16) {
-        convert_floats(data, reinterpret_cast<float16*>(wire), bucket.size);
-      } else {
-        convert_floats(data, reinterpret_cast<bfloat16*>(wire), bucket.size);
-      }
+      convert_floats(data, wire, bucket.size, wire_);
       all_reduce(wire, bucket.size, wire_);
     }
     launched_.push_back(b);

@@ -199,10 +199,6 @@ class trainer {
   // parallel::data<all_reduce, ...>: buckets all-reduced as backward completes them;
   // parallel::zero1: buckets reduced to the ranks that own their shards, likewise.
   static constexpr bool bucketed = distributed && !ps && !hierarchical && !topk;
-  // The element type of the hierarchical all-reduce's wire buffer (compress::cast<T>: T).
-  using hierarchy_wire_type =
-      std::conditional_t<parallel::wire_dtype<parallel_policy> == dtype::float16, float16,
-                         bfloat16>;
 
  public:
   using model_type = Model;
@@ -418,11 +414,10 @@ class trainer {
                                                   : comm::detail::default_group_size(comm_->size());
       groups.emplace(comm::make_hierarchy(*comm_, g));
     }
-    // The gradients in the wire type of compress::cast<T> (empty without one).
-    buffer<hierarchy_wire_type> hierarchy_wire(
-        hierarchical && parallel::wire_dtype<parallel_policy> != dtype::float32
-            ? compute_params().grads().size()
-            : 0);
+    // The gradients in the 16-bit wire type of compress::cast<T> (empty without one).
+    constexpr dtype wire = parallel::wire_dtype<parallel_policy>;
+    buffer<std::uint16_t> hierarchy_wire(
+        hierarchical && wire != dtype::float32 ? compute_params().grads().size() : 0);
     parallel::bucket_reducer reducer;
     if constexpr (bucketed) {
       reducer = parallel::bucket_reducer(
@@ -484,15 +479,16 @@ class trainer {
           double blocked_in_backward = 0.0;
           if constexpr (hierarchical) {
             const std::span<float> grads = compute_params().grads();
-            if constexpr (parallel::wire_dtype<parallel_policy> == dtype::float32) {
+            if constexpr (wire == dtype::float32) {
               comm::hierarchical_all_reduce(*groups, grads, comm::reduce_op::avg);
             } else {
               // compress::cast<T>: the average travels as T (every hop adds in float and
               // rounds to T), and comes back into float32.
-              convert_floats(grads.data(), hierarchy_wire.data(), grads.size());
-              comm::hierarchical_all_reduce(*groups, hierarchy_wire.span(), comm::reduce_op::avg,
+              std::uint16_t* w = hierarchy_wire.data();
+              convert_floats(grads.data(), w, grads.size(), wire);
+              comm::hierarchical_all_reduce(*groups, w, w, grads.size(), wire, comm::reduce_op::avg,
                                             {.narrow_floats = comm::narrow_float_mode::in_type});
-              convert_floats(hierarchy_wire.data(), grads.data(), grads.size());
+              convert_floats(w, grads.data(), grads.size(), wire);
             }
           } else if constexpr (ps || topk) {
             // Parameter server: each server's shard of the gradients becomes the average.
@@ -1430,6 +1426,12 @@ class trainer {
                                       server_command_tag);
       at[w] = phase::command;
     };
+    // Worker w's step is done here (pushed and applied, or skipped): it may get its reply.
+    auto count_step = [&](std::size_t w) {
+      step_ = std::max(step_, static_cast<std::uint64_t>(commands[4 * w + 1]) + 1);
+      ++pushed[w];
+      at[w] = phase::reply;
+    };
     for (std::size_t w = 0; w < w_count; ++w) {
       expect_command(w);
     }
@@ -1457,9 +1459,7 @@ class trainer {
           if (command == server_command::skip) {
             // Counted as a step without an update, so that staleness and checkpoints keep
             // comparing steps.
-            step_ = std::max(step_, static_cast<std::uint64_t>(commands[4 * w + 1]) + 1);
-            ++pushed[w];
-            at[w] = phase::reply;
+            count_step(w);
             continue;
           }
           if (command != server_command::step) {
@@ -1483,9 +1483,7 @@ class trainer {
             precision::unscale_and_check(mine, std::bit_cast<double>(commands[4 * w + 3]));
           }
           apply_update(std::bit_cast<double>(commands[4 * w + 2]), false);
-          step_ = std::max(step_, static_cast<std::uint64_t>(commands[4 * w + 1]) + 1);
-          ++pushed[w];
-          at[w] = phase::reply;
+          count_step(w);
         }
       }
       std::uint64_t slowest = UINT64_MAX;

@@ -719,8 +719,6 @@ TEST_CASE("zero_stage must match the policy") {
                        strata::config_error);
 }
 
-static_assert(strata::comm::ranks_share_process<threads>);
-
 TEST_CASE("the trainer shares the process's CPUs among its ranks' BLAS threads") {
   // The environment's setting wins over the automatic choice: run without it, then restore it.
   std::vector<std::pair<const char*, std::string>> saved;

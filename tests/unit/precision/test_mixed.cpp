@@ -175,6 +175,28 @@ TEST_CASE("convert_floats equals the element conversions, both ways, at every le
     wrong += same_value(wide[b], static_cast<float>(all_brain[b])) ? 0 : 1;
   }
   CHECK(wrong == 0);
+  // The forms with the type at run time (wire buffers) give the same bits.
+  std::vector<std::uint16_t> bits(values.size());
+  std::vector<strata::float16> typed(values.size());
+  strata::convert_floats(values.data(), bits.data(), values.size(), strata::dtype::float16);
+  strata::convert_floats(values.data(), typed.data(), values.size());
+  std::vector<float> back(values.size());
+  strata::convert_floats(bits.data(), back.data(), values.size(), strata::dtype::float16);
+  std::size_t differ = 0;
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    differ += bits[i] == typed[i].bits() ? 0 : 1;
+    differ += same_value(back[i], static_cast<float>(typed[i])) ? 0 : 1;
+  }
+  strata::convert_floats(values.data(), bits.data(), values.size(), strata::dtype::bfloat16);
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    differ += bits[i] == strata::bfloat16(values[i]).bits() ? 0 : 1;
+  }
+  CHECK(differ == 0);
+  CHECK_THROWS_WITH_AS(
+      strata::convert_floats(values.data(), bits.data(), 1, strata::dtype::float32),
+      doctest::Contains("float32"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(strata::convert_floats(bits.data(), back.data(), 1, strata::dtype::int32),
+                       doctest::Contains("int32"), std::invalid_argument);
 }
 
 TEST_CASE("sequential stores activations and input gradients in the storage type") {
