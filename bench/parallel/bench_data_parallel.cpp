@@ -4,7 +4,10 @@
 // batch of 256, trained by strata's trainer:
 //   - 1 rank, 1 BLAS thread (the baseline of the scaling efficiency);
 //   - 1 rank, 2 BLAS threads (the single-process way to use both cores);
-//   - 2 ranks as threads (parallel::data<all_reduce> over comm::threads), 1 BLAS thread each;
+//   - 2 ranks as threads (parallel::data<all_reduce> over comm::threads), 1 BLAS thread each
+//     (the trainer's automatic blas_threads on 2 cores);
+//   - the same with the process's OpenBLAS at 2 threads, which both ranks share (one pool per
+//     process: what the ranks got before the trainer chose the threads);
 //   - the same with bucket_launch = blocking (each bucket all-reduced as backward completes it,
 //     instead of non-blocking all-reduces waited for before the optimizer step);
 //   - the same with parallel::zero1 (optimizer state and update sharded over the 2 ranks);
@@ -39,7 +42,9 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <type_traits>
 #include <vector>
@@ -229,10 +234,13 @@ double strata_independent(const options& o, const sd::idx_dataset& train,
   return rates[0] + rates[1];
 }
 
+// `blas`: the process's BLAS threads, which all its ranks share (the trainer's automatic choice
+// is 1 per rank here; 2 is what the ranks got before the trainer set it).
 template <class Policy>
 double strata_threads(const options& o, int ranks, const sd::idx_dataset& train,
-                      const sd::idx_dataset& test, const char* bucket_launch = "auto") {
-  set_blas_threads(1);
+                      const sd::idx_dataset& test, const char* bucket_launch = "auto",
+                      int blas = 1) {
+  set_blas_threads(blas);
   double rate = 0.0;
   auto cfg = config_for(o, ranks);
   sc::set_key(cfg, "bucket_launch", bucket_launch);
@@ -330,6 +338,8 @@ int main(int argc, char** argv) {
         {"strata 1 rank, 2 BLAS threads", [&] { return strata_one_rank(o, 2, train, test); }},
         {"strata 2 ranks (threads backend)",
          [&] { return strata_threads<strata::parallel::data<>>(o, 2, train, test); }},
+        {"strata 2 ranks (threads), shared 2-thread BLAS",
+         [&] { return strata_threads<strata::parallel::data<>>(o, 2, train, test, "auto", 2); }},
         {"strata 2 ranks (threads, blocking buckets)",
          [&] { return strata_threads<strata::parallel::data<>>(o, 2, train, test, "blocking"); }},
         {"strata 2 ranks zero1 (threads backend)",
@@ -348,10 +358,19 @@ int main(int argc, char** argv) {
       std::sort(v.begin(), v.end());
       rows.push_back({configurations[c].first, v[v.size() / 2], v.front(), v.back()});
     }
-    const double base = rows[0].rate;
-    const double two_threads = rows[2].rate;
-    const double two_zero1 = rows[4].rate;
-    const double independent = rows[5].rate;
+    const auto rate_of = [&](std::string_view name) {
+      for (const row& r : rows) {
+        if (r.name == name) {
+          return r.rate;
+        }
+      }
+      throw std::logic_error("bench_data_parallel: no row '" + std::string(name) + "'");
+    };
+    const double base = rate_of("strata 1 rank, 1 thread");
+    const double two_threads = rate_of("strata 2 ranks (threads backend)");
+    const double two_shared_blas = rate_of("strata 2 ranks (threads), shared 2-thread BLAS");
+    const double two_zero1 = rate_of("strata 2 ranks zero1 (threads backend)");
+    const double independent = rate_of("2 independent trainers, no communication");
     std::optional<double> two_mpi;
     std::optional<double> two_mpi_async;
 #ifdef STRATA_BENCH_MPI
@@ -432,6 +451,10 @@ int main(int argc, char** argv) {
         "# scaling efficiency, 2 ranks (threads): data<all_reduce> %.1f%%, zero1 %.1f%% "
         "(goal >= 90%%); without communication (the ceiling): %.1f%%\n",
         100.0 * efficiency, 100.0 * efficiency_zero1, 100.0 * independent / (2.0 * base));
+    std::printf(
+        "# BLAS threads per rank (the trainer's blas_threads): 2 thread ranks with 1 BLAS thread "
+        "each run %.2fx as fast as with one pool of 2 threads shared by both\n",
+        two_threads / two_shared_blas);
     if (two_mpi) {
       std::printf("# scaling efficiency, 2 ranks (MPI): %.1f%%", 100.0 * *two_mpi / (2.0 * base));
       if (two_mpi_async) {
@@ -450,14 +473,15 @@ int main(int argc, char** argv) {
           "# PyTorch: python3 cannot import torch (Debian: python3-torch); no comparison\n");
     }
     if (!o.json_path.empty()) {
-      std::ofstream(o.json_path) << nlohmann::json{{"global_batch", o.global},
-                                                   {"rows", out_rows},
-                                                   {"efficiency_threads", efficiency},
-                                                   {"efficiency_zero1", efficiency_zero1},
-                                                   {"efficiency_ceiling",
-                                                    independent / (2.0 * base)}}
-                                        .dump(2)
-                                 << "\n";
+      std::ofstream(o.json_path)
+          << nlohmann::json{{"global_batch", o.global},
+                            {"rows", out_rows},
+                            {"efficiency_threads", efficiency},
+                            {"efficiency_zero1", efficiency_zero1},
+                            {"blas_per_rank_vs_shared", two_threads / two_shared_blas},
+                            {"efficiency_ceiling", independent / (2.0 * base)}}
+                 .dump(2)
+          << "\n";
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_data_parallel: %s\n", e.what());

@@ -13,7 +13,7 @@
 //    pool, conv 5x5x64, pool, fc 3136-1024, fc 1024-10) and the MLP of bench_data_parallel
 //    (784-1024-1024-10). Each trains (a) with one bucket (bucket_size_mb = 1024): the whole
 //    gradient is all-reduced after backward and nothing overlaps; (b) with buckets of 1 MiB: each
-//    bucket's all-reduce starts as soon as backward has produced all of its layers, while the
+//    bucket's all-reduce starts as soon as backward has produced all of its floats, while the
 //    layers in front of it are still going back. --steps timed steps per configuration (default
 //    40 for the CNN, 150 for the MLP: about 30 s on 2 idle cores) are split over --rounds rounds of
 //    (a) then (b), each a fresh run with --warmup untimed steps first, so that a change in the
@@ -24,17 +24,17 @@
 //    timed steps), and the modelled time of one all-reduce of the whole gradient on the link
 //    (modelled_transfer), which (a) should expose in full.
 //    hidden share = 1 - exposed(b) / exposed(a).
-//    The ceiling: a bucket can only start once backward has produced every layer in it, and the
-//    first layer's gradient is the last one backward produces, so the bucket that holds it
+//    The ceiling: a bucket can only start once backward has produced every float in it, and the
+//    first layer's gradient is the last one backward produces, so the bucket that holds its end
 //    (the last in backward order) can never overlap with anything: at best
 //    ceiling = 1 - bytes(last bucket) / bytes(all buckets) of the communication is hidden.
-//    The CNN's big fc layer (98% of the parameters) is a bucket of its own, reduced while the
+//    The CNN's big fc layer (98% of the parameters) is cut into 1 MiB parts, reduced while the
 //    conv layers (most of the compute) go back, and its last bucket holds only the two conv
-//    layers (1.6%); the MLP's first layer holds 43% of its parameters, so its ceiling is 57%.
+//    layers (1.6%). The MLP's two large layers are cut into 1 MiB parts too, and linear reports
+//    its weight gradient in blocks of rows as it computes them, so each part travels while the
+//    layer computes the next; its last bucket is the end of the first layer (0.9%).
 //    A second limit is time: a bucket hides only behind the backward that is left after it
-//    starts. The MLP's second layer (56% of the bytes) starts when only the first layer's weight
-//    gradient (one 784x128x1024 GEMM) is left to compute, shorter than the 3.4 ms its bucket
-//    takes on the link, so the MLP stays below its ceiling.
+//    starts.
 //    Caveat of the model: an operation's modelled time runs from this rank's issue time, and
 //    the inner all-reduce completes only when both ranks have issued it, so the rank whose
 //    backward ends first also waits for the other (the skew, which on a loaded 2-core machine

@@ -6,10 +6,12 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "strata/comm/any_comm.hpp"
@@ -140,6 +142,39 @@ TEST_CASE("over MPI, bucket_launch = async (non-blocking buckets) also trains li
   check_against_one_process<strata::parallel::data<>>("parallel-async", [](auto& cfg) {
     cfg.bucket_launch = strata::config::bucket_launch_kind::async;
   });
+}
+
+TEST_CASE("over MPI, polling the reducer moves its non-blocking buckets along before finish") {
+  // Open MPI's non-blocking collectives advance only inside MPI calls: without poll() (which
+  // group_done and part_done call on such a backend) the buckets would sit until finish().
+  auto world = mpi::world();
+  std::vector<float> grads(3000);
+  for (std::size_t i = 0; i < grads.size(); ++i) {
+    grads[i] = static_cast<float>(world.rank() + 1) + static_cast<float>(i);
+  }
+  const std::vector<strata::parallel::grad_bucket> buckets{
+      {.offset = 2000, .size = 1000, .first_group = 2},
+      {.offset = 0, .size = 2000, .first_group = 0, .last_group = 1}};
+  strata::parallel::bucket_reducer reducer(strata::comm::any_comm(world), buckets);
+  reducer.begin(grads);
+  reducer.group_done(2);  // the first bucket starts, and is polled once
+  REQUIRE(reducer.reductions() == 1);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (reducer.poll() < 1 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  CHECK(reducer.poll() == 1);
+  // Complete before finish(): the average is there already.
+  const float ranks = static_cast<float>(world.size());
+  const float mean_rank = (ranks + 1.0f) / 2.0f;
+  CHECK(grads[2000] == doctest::Approx(mean_rank + 2000.0f));
+  CHECK(grads[0] == static_cast<float>(world.rank() + 1));  // the second bucket has not started
+  reducer.group_done(0);
+  reducer.finish();
+  for (std::size_t i = 0; i < grads.size(); i += 499) {
+    INFO("float ", i);
+    CHECK(grads[i] == doctest::Approx(mean_rank + static_cast<float>(i)));
+  }
 }
 
 TEST_CASE("zero1 over MPI trains like one process and holds 1/N of the optimizer state") {

@@ -18,6 +18,8 @@
 //   4. run backward: `l.backward(args)` with `const backward_args& args`: ADD the parameter
 //      gradients into args.grads (so micro-batches accumulate), and write all of
 //      args.grad_input (batch x in) unless it is empty (the first layer's is not needed).
+//      It may compute its parameter gradients in parts of about args.progress.chunk elements
+//      (when that is not 0), calling args.progress(n) once elements [0, n) are final;
 // and may (the traits supply the defaults):
 //   5. declare parameters: `l.parameters(in)` returns std::vector<param_spec>, laid out in that
 //      order, contiguously, in args.params / args.grads (default: none);
@@ -38,7 +40,11 @@
 //      `m.workspace_floats(batch)` says how much that is before allocating;
 //   4. run: `m.forward(w, p, input, batch, options)` returns std::span<const float> (the
 //      output, valid until the next forward), and `m.backward(w, p, grad_output)` adds the
-//      parameter gradients of the last forward into p's gradients;
+//      parameter gradients of the last forward into p's gradients. It may also take
+//      `m.backward(w, p, grad_output, layer_done, part_done, chunk)`, calling layer_done(i)
+//      once layer i's gradients (parameter group i) are complete, in decreasing i, and
+//      part_done(i, n) when layer i reports its first n gradient elements final (grads_progress
+//      with chunk), so that data parallelism can start communicating early;
 //   5. estimate its cost: `m.costs()` returns one layer_cost per layer.
 
 #include <concepts>
@@ -177,6 +183,27 @@ struct run_options {
   dtype storage = dtype::float32;
 };
 
+// Lets a layer say, during its backward, that a leading part of its parameter gradients is
+// final before the rest is. Data parallelism sets it on the step's last backward to start
+// reducing part of a large layer's gradients while the layer is still computing the rest; a
+// layer may ignore it (the model reports every layer whole once its backward returns).
+struct grads_progress {
+  // Called with n: elements [0, n) of backward_args::grads hold their final values for this
+  // backward. n does not decrease within one backward.
+  void (*report)(void* context, std::size_t n) = nullptr;
+  void* context = nullptr;
+  // The part size the receiver is after, in elements: a layer that can compute its parameter
+  // gradients in parts computes parts of at least this many and reports after each. 0: compute
+  // them whole, nobody is listening.
+  std::size_t chunk = 0;
+
+  void operator()(std::size_t n) const {
+    if (report != nullptr) {
+      report(context, n);
+    }
+  }
+};
+
 struct backward_args {
   std::size_t batch = 0;
   sample_shape in_shape{};
@@ -188,6 +215,7 @@ struct backward_args {
   std::span<const float> params{};
   std::span<float> grads{};      // same layout as params; ADD into it
   std::span<float> workspace{};  // as forward left it
+  grads_progress progress{};     // optional reports of final leading parts of grads
 };
 
 // The primary traits forward to the members; the optional ones fall back to the defaults.

@@ -9,9 +9,12 @@
 // flat vector, so a flatten in front is optional); the output is 1 x 1 x out. Parameters, in
 // this order: "weight", out x in, row-major (row o holds the weights of output o), then, with
 // .bias, "bias", 1 x out. The products are Eigen GEMMs over row-major maps of the batch (see
-// blas.hpp for which GEMM runs). No saved state: backward reads args.input.
+// blas.hpp for which GEMM runs). No saved state: backward reads args.input. Asked for parts
+// (backward_args::progress), backward computes the weight gradient in blocks of rows and
+// reports each; the bias gradient comes last, after the weight's rows.
 
 #include <Eigen/Core>
+#include <algorithm>
 #include <cassert>
 #include <cstddef>
 #include <span>
@@ -107,7 +110,20 @@ struct linear {
     const const_matrix x(args.input.data(), rows(args.batch), cols(in));
     const const_matrix dy(args.grad_output.data(), rows(args.batch), cols(out));
     matrix dw(args.grads.data(), rows(out), cols(in));
-    dw.noalias() += dy.transpose() * x;
+    const std::size_t chunk = args.progress.chunk;
+    if (chunk > 0 && chunk < out * in) {
+      // In parts of whole rows of dW of at least `chunk` floats, each reported final: data
+      // parallelism sends one part while this computes the next.
+      const std::size_t part = (chunk + in - 1) / in;
+      for (std::size_t r = 0; r < out; r += part) {
+        const std::size_t n = std::min(part, out - r);
+        dw.middleRows(rows(r), rows(n)).noalias() +=
+            dy.middleCols(cols(r), cols(n)).transpose() * x;
+        args.progress((r + n) * in);
+      }
+    } else {
+      dw.noalias() += dy.transpose() * x;
+    }
     if (bias) {
       row db(args.grads.data() + out * in, cols(out));
       db += dy.colwise().sum();

@@ -30,6 +30,7 @@
 #include <stdexcept>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -225,6 +226,18 @@ class sequential {
   template <class AfterLayer>
   void backward(sequential_workspace& w, param_store& params, std::span<const float> grad_output,
                 AfterLayer&& after_layer) const {
+    backward(
+        w, params, grad_output, after_layer, [](std::size_t, std::size_t) {}, 0);
+  }
+
+  // The same, also passing `chunk` to the layers (backward_args::progress) and calling
+  // part_done(i, n) whenever layer i reports the first n elements of its parameter gradients
+  // final; linear reports blocks of rows of its weight gradient of at least `chunk` floats, so
+  // data parallelism starts reducing a large layer's first bucket while the layer computes the
+  // rest. chunk = 0: layers compute their gradients whole.
+  template <class AfterLayer, class PartDone>
+  void backward(sequential_workspace& w, param_store& params, std::span<const float> grad_output,
+                AfterLayer&& after_layer, PartDone&& part_done, std::size_t chunk) const {
     if (!w.forward_done_) {
       throw std::logic_error("sequential::backward: no forward pass to go back through");
     }
@@ -258,6 +271,20 @@ class sequential {
       a.params = params.group_values(I);
       a.grads = params.group_grads(I);
       a.workspace = saved_of(w, I, l, batch);
+      // What the layer reports goes to part_done with the layer's index.
+      struct part_target {
+        std::remove_reference_t<PartDone>* part_done;
+        std::size_t layer;
+      } target{&part_done, I};
+      if (chunk > 0 && !a.grads.empty()) {
+        a.progress = {.report =
+                          [](void* context, std::size_t n) {
+                            const auto* t = static_cast<part_target*>(context);
+                            (*t->part_done)(t->layer, n);
+                          },
+                      .context = &target,
+                      .chunk = chunk};
+      }
       if (!a.grads.empty() || !grad_in.empty()) {
         layer_traits<layer_t<I>>::backward(l, a);
         round_through(grad_in, w.options_.storage);

@@ -14,13 +14,14 @@
 //   });
 //
 // Buckets overlap the all-reduce with backward. The flat gradient buffer is cut into buckets of
-// at most bucket_size_mb MiB along the parameter groups (a group larger than that is a bucket
-// of its own), in the order backward produces them: the last layer's group first. During the
-// step's last backward (with accumulation, the earlier micro-steps do not communicate at all),
-// the model reports each layer as done; once every group of a bucket is done, that bucket's
-// non-blocking average all-reduce starts, while the layers in front of it are still going back.
-// The trainer waits for all of them only before the optimizer step. A model without the
-// per-layer report gets one all-reduce per bucket after its backward.
+// at most bucket_size_mb MiB along the parameter groups (a group larger than that is cut into
+// parts), in the order backward produces them: the last layer's group first. During the step's
+// last backward (with accumulation, the earlier micro-steps do not communicate at all), the
+// model reports each layer as done, and a layer that computes its gradients in parts (linear)
+// reports each part; once every float of a bucket is final, that bucket's non-blocking average
+// all-reduce starts, while backward goes on. The trainer waits for all of them only before the
+// optimizer step. A model without the per-layer report gets one all-reduce per bucket after its
+// backward.
 //
 // The other gradient synchronisations (hierarchical all-reduce, all-gather of top-k pairs,
 // parameter server), compression and sharded optimizer state are further policies of this family
@@ -218,20 +219,28 @@ inline constexpr dtype wire_dtype = dtype::float32;
 template <class Sync, class T>
 inline constexpr dtype wire_dtype<data<Sync, compress::cast<T>>> = dtype_of<T>;
 
-// A contiguous range of the flat gradient buffer: parameter groups [first_group, last_group].
+// A contiguous range of the flat gradient buffer: parameter groups [first_group, last_group], or
+// one part of a group too large for one bucket.
 struct grad_bucket {
   std::size_t offset = 0;  // floats
   std::size_t size = 0;    // floats
   std::size_t first_group = 0;
   std::size_t last_group = 0;
+  // A part of a split group (first_group == last_group) other than its last: the bucket is ready
+  // once the first `ready_at` floats of the group are (floats from the group's offset). The
+  // default: once every group in it is complete.
+  std::size_t ready_at = SIZE_MAX;
 
   friend bool operator==(const grad_bucket&, const grad_bucket&) = default;
 };
 
 // The buckets of a param_store in backward order (from the last group down), each at most
-// `bucket_bytes` unless one group alone is larger. A bucket's first_group is its lowest group
-// with parameters, so groups without any never hold a bucket back. Buckets cover every float of
-// the store exactly once (the padding after a group goes with it).
+// `bucket_bytes`. Consecutive groups share a bucket while they fit; a group larger than that is
+// cut into parts of exactly bucket_bytes from its start, the last part holding the rest (so a
+// layer that reports its gradients in parts from the start, as linear does, lets each part go
+// while it computes the next), parts in increasing order. A bucket's first_group is its lowest
+// group with parameters, so groups without any never hold a bucket back. Buckets cover every
+// float of the store exactly once (the padding after a group goes with it).
 inline std::vector<grad_bucket> make_buckets(const model::param_store& params,
                                              std::size_t bucket_bytes) {
   std::vector<grad_bucket> buckets;
@@ -242,18 +251,44 @@ inline std::vector<grad_bucket> make_buckets(const model::param_store& params,
   std::size_t open_last = 0;
   bool open = false;
   std::size_t next_begin = params.size();  // where the group above the current one begins
+  std::size_t lowest = groups.size();      // the lowest group with parameters
   for (std::size_t g = groups.size(); g-- > 0;) {
-    if (groups[g].elements == 0) {
-      continue;
-    }
-    const std::size_t begin = groups[g].offset;
-    if (open && end - begin > limit) {
+    lowest = groups[g].elements != 0 ? g : lowest;
+  }
+  const auto close = [&] {
+    if (open) {
       buckets.push_back({.offset = next_begin,
                          .size = end - next_begin,
                          .first_group = open_first,
                          .last_group = open_last});
       end = next_begin;
       open = false;
+    }
+  };
+  for (std::size_t g = groups.size(); g-- > 0;) {
+    if (groups[g].elements == 0) {
+      continue;
+    }
+    // The lowest group also takes whatever lies below it (nothing in a param_store).
+    const std::size_t begin = g == lowest ? 0 : groups[g].offset;
+    if (open && end - begin > limit) {
+      close();
+    }
+    if (end - begin > limit) {
+      // Alone and still too large: parts of `limit` floats from its start, the rest last.
+      for (std::size_t at = begin; at < end; at += limit) {
+        const bool last = end - at <= limit;
+        const std::size_t part_end = at + limit;
+        buckets.push_back(
+            {.offset = at,
+             .size = last ? end - at : limit,
+             .first_group = g,
+             .last_group = g,
+             .ready_at = last ? SIZE_MAX : part_end - std::min(part_end, groups[g].offset)});
+      }
+      end = begin;
+      next_begin = begin;
+      continue;
     }
     if (!open) {
       open_last = g;
@@ -262,10 +297,7 @@ inline std::vector<grad_bucket> make_buckets(const model::param_store& params,
     open_first = g;
     next_begin = begin;
   }
-  if (open) {
-    buckets.push_back(
-        {.offset = 0, .size = end, .first_group = open_first, .last_group = open_last});
-  }
+  close();
   return buckets;
 }
 
@@ -276,6 +308,7 @@ inline std::vector<grad_bucket> make_buckets(const model::param_store& params,
 //
 //   reducer.begin(grads);            // before the step's last backward
 //   ... reducer.group_done(i) ...    // from the model, groups in decreasing order
+//   ... reducer.part_done(i, n) ...  // optional: group i's first n floats are final
 //   reducer.finish();                // before the optimizer: launches the rest, waits for all
 class bucket_reducer {
  public:
@@ -297,7 +330,8 @@ class bucket_reducer {
         storage_(storage),
         wire_(wire),
         shard_(shard),
-        blocking_(blocking) {
+        blocking_(blocking),
+        polls_(!blocking && !comm_->progresses_nonblocking()) {
     if (shard_ != 0 && wire_ != dtype::float32) {
       throw std::invalid_argument(
           "bucket_reducer: buckets reduced to shard owners travel as float32 only");
@@ -316,11 +350,29 @@ class bucket_reducer {
 
   const std::vector<grad_bucket>& buckets() const noexcept { return buckets_; }
 
+  // The part size to ask the layers for (backward_args::progress::chunk), in floats: the size of
+  // the parts of the groups split over several buckets; 0 when no group is split, or when the
+  // reducer is blocking (a blocking reduction in the middle of a layer would only stall it).
+  std::size_t part_elements() const noexcept {
+    if (blocking_) {
+      return 0;
+    }
+    for (const grad_bucket& b : buckets_) {
+      if (b.ready_at != SIZE_MAX) {
+        return b.size;
+      }
+    }
+    return 0;
+  }
+
   void begin(std::span<float> grads) {
     grads_ = grads;
     blocked_seconds_ = 0.0;
     next_ = 0;
     lowest_done_ = SIZE_MAX;
+    part_group_ = SIZE_MAX;
+    part_floats_ = 0;
+    polled_ = 0;
     requests_.clear();
     launched_.clear();
   }
@@ -328,10 +380,37 @@ class bucket_reducer {
   // Every group >= `group` is complete: start each bucket that is now whole.
   void group_done(std::size_t group) {
     lowest_done_ = std::min(lowest_done_, group);
-    while (next_ < buckets_.size() && buckets_[next_].first_group >= lowest_done_) {
-      launch(next_++);
+    launch_ready();
+    if (polls_) {
+      poll();
     }
   }
+
+  // Every group > `group` is complete and group `group`'s first `n` floats are final: start each
+  // part of it that is now whole.
+  void part_done(std::size_t group, std::size_t n) {
+    part_group_ = group;
+    part_floats_ = n;
+    launch_ready();
+    if (polls_) {
+      poll();
+    }
+  }
+
+  // Tests the step's reductions in flight, oldest first, and returns how many have completed
+  // (in launch order; a bucket reduced by shards is several). On a backend whose non-blocking
+  // collectives advance only inside its own calls (nonblocking_progresses = false: comm::mpi),
+  // this is what moves them while backward computes, so group_done and part_done call it after
+  // each report there; elsewhere it only looks.
+  std::size_t poll() {
+    while (polled_ < requests_.size() && requests_[polled_].test()) {
+      ++polled_;
+    }
+    return polled_;
+  }
+
+  // The non-blocking reductions started so far this step.
+  std::size_t reductions() const noexcept { return requests_.size(); }
 
   // Starts the buckets not started yet and waits for all (the trainer times this itself).
   void finish() {
@@ -342,6 +421,7 @@ class bucket_reducer {
       r.wait();
     }
     requests_.clear();
+    polled_ = 0;
     if (!staging_.empty()) {
       // The averages come back from the wire type into the float32 gradients.
       for (const std::size_t b : launched_) {
@@ -360,6 +440,19 @@ class bucket_reducer {
   const std::vector<std::size_t>& launch_order() const noexcept { return launched_; }
 
  private:
+  void launch_ready() {
+    while (next_ < buckets_.size()) {
+      const grad_bucket& b = buckets_[next_];
+      const bool ready =
+          b.first_group >= lowest_done_ ||
+          (b.first_group == part_group_ && b.ready_at != SIZE_MAX && part_floats_ >= b.ready_at);
+      if (!ready) {
+        break;
+      }
+      launch(next_++);
+    }
+  }
+
   void launch(std::size_t b) {
     const grad_bucket& bucket = buckets_[b];
     float* data = grads_.data() + bucket.offset;
@@ -426,11 +519,15 @@ class bucket_reducer {
   dtype wire_ = dtype::float32;
   std::size_t shard_ = 0;
   bool blocking_ = false;
+  bool polls_ = false;  // poll() after each report: the backend progresses only when called
   double blocked_seconds_ = 0.0;          // this step's blocking reductions
   std::vector<std::uint16_t> staging_{};  // compress::cast: the buckets in the wire type
   std::span<float> grads_{};
   std::size_t next_ = 0;
-  std::size_t lowest_done_ = SIZE_MAX;
+  std::size_t lowest_done_ = SIZE_MAX;  // every group from this one up is complete
+  std::size_t part_group_ = SIZE_MAX;   // the group whose first part_floats_ floats are final
+  std::size_t part_floats_ = 0;
+  std::size_t polled_ = 0;  // requests_[0, polled_) are complete
   std::vector<comm::any_comm::request> requests_{};
   std::vector<std::size_t> launched_{};
 };

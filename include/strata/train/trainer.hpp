@@ -1167,7 +1167,17 @@ class trainer {
       // The buckets start as backward completes them; the reducer rounds each through the
       // compute type as it starts.
       reducer->begin(p.grads());
-      if constexpr (requires { model_.backward(work, p, grad, [](std::size_t) {}); }) {
+      if constexpr (requires {
+                      model_.backward(
+                          work, p, grad, [](std::size_t) {}, [](std::size_t, std::size_t) {},
+                          std::size_t{});
+                    }) {
+        // Large layers also report parts of their gradients, for the buckets cut out of them.
+        model_.backward(
+            work, p, grad, [reducer](std::size_t layer) { reducer->group_done(layer); },
+            [reducer](std::size_t layer, std::size_t n) { reducer->part_done(layer, n); },
+            reducer->part_elements());
+      } else if constexpr (requires { model_.backward(work, p, grad, [](std::size_t) {}); }) {
         model_.backward(work, p, grad,
                         [reducer](std::size_t layer) { reducer->group_done(layer); });
       } else {

@@ -269,6 +269,74 @@ TEST_CASE("linear: the GEMM path agrees with a double-precision loop") {
   CHECK(worst < 1e-5);
 }
 
+TEST_CASE("linear: asked for parts, it reports rows of the weight gradient as they are final") {
+  const sm::linear l{.in = 10, .out = 23};
+  const std::size_t batch = 7;
+  const auto x = random_values(batch * 10, 3);
+  const auto params = random_values(23 * 10 + 23, 4);
+  const auto dy = random_values(batch * 23, 5);
+  const auto run = run_forward(l, vec(10), batch, x, params);
+  const auto backward = [&](std::vector<float>& grads, std::vector<float>& dx,
+                            sm::grads_progress progress) {
+    l.backward({.batch = batch,
+                .in_shape = vec(10),
+                .out_shape = vec(23),
+                .input = x,
+                .output = run.output,
+                .grad_output = dy,
+                .grad_input = dx,
+                .params = params,
+                .grads = grads,
+                .workspace = {},
+                .progress = progress});
+  };
+  std::vector<float> whole_grads(23 * 10 + 23, 0.5f);
+  std::vector<float> whole_dx(batch * 10);
+  backward(whole_grads, whole_dx, {});
+
+  // Parts of at least 45 floats: 5 rows of 10 each; the reports come as the rows are added.
+  struct seen {
+    std::vector<std::size_t> reports;
+    std::vector<float>* grads = nullptr;
+    std::vector<float> expected;
+    bool final_when_reported = true;
+  } s;
+  std::vector<float> grads(23 * 10 + 23, 0.5f);
+  std::vector<float> dx(batch * 10);
+  s.grads = &grads;
+  s.expected = whole_grads;
+  backward(grads, dx,
+           {.report =
+                [](void* context, std::size_t n) {
+                  auto* t = static_cast<seen*>(context);
+                  t->reports.push_back(n);
+                  for (std::size_t i = 0; i < n; ++i) {
+                    // Final: what the whole computation ends with (up to the GEMM's rounding).
+                    if (std::abs((*t->grads)[i] - t->expected[i]) > 1e-4f) {
+                      t->final_when_reported = false;
+                    }
+                  }
+                },
+            .context = &s,
+            .chunk = 45});
+  CHECK(s.reports == std::vector<std::size_t>{50, 100, 150, 200, 230});
+  CHECK(s.final_when_reported);
+  for (std::size_t i = 0; i < grads.size(); ++i) {
+    INFO("gradient ", i);
+    CHECK(grads[i] == doctest::Approx(whole_grads[i]).epsilon(1e-4));
+  }
+  CHECK(dx == whole_dx);
+
+  // A part as large as the whole weight gradient: computed whole, no reports.
+  s.reports.clear();
+  backward(grads, dx,
+           {.report = [](void* context,
+                         std::size_t n) { static_cast<seen*>(context)->reports.push_back(n); },
+            .context = &s,
+            .chunk = 230});
+  CHECK(s.reports.empty());
+}
+
 TEST_CASE("linear: batch 0 touches nothing") {
   const sm::linear l{.in = 3, .out = 2};
   std::vector<float> params(8, 1.0f);

@@ -130,6 +130,104 @@ TEST_CASE("a bucket starts as soon as backward completes its groups") {
   });
 }
 
+TEST_CASE("a group larger than a bucket is cut into parts from its start") {
+  const auto model = small_model();
+  const auto params = model.make_params();
+  const auto& groups = params.groups();
+  const std::size_t g3 = groups[3].offset;
+  const std::size_t g5 = groups[5].offset;
+  // 500 floats per bucket: group 5 (132) alone; group 3 (1056) in parts of 500, 500 and the rest
+  // with its padding, from its start; group 0 (288) alone.
+  const auto buckets = par::make_buckets(params, 500 * sizeof(float));
+  const std::vector<par::grad_bucket> expected{
+      {.offset = g5, .size = params.size() - g5, .first_group = 5, .last_group = 5},
+      {.offset = g3, .size = 500, .first_group = 3, .last_group = 3, .ready_at = 500},
+      {.offset = g3 + 500, .size = 500, .first_group = 3, .last_group = 3, .ready_at = 1000},
+      {.offset = g3 + 1000, .size = g5 - g3 - 1000, .first_group = 3, .last_group = 3},
+      {.offset = 0, .size = g3, .first_group = 0, .last_group = 0}};
+  CHECK(buckets == expected);
+  threads::run(1, [&](threads& c) {
+    CHECK(par::bucket_reducer(strata::comm::any_comm(c), buckets).part_elements() == 500);
+    CHECK(par::bucket_reducer(strata::comm::any_comm(c), buckets, strata::dtype::float32,
+                              strata::dtype::float32, 0, /*blocking=*/true)
+              .part_elements() == 0);
+    CHECK(par::bucket_reducer(strata::comm::any_comm(c),
+                              par::make_buckets(params, 1100 * sizeof(float)))
+              .part_elements() == 0);
+  });
+  // One float per bucket: every float its own bucket, still in backward order.
+  const auto tiny = par::make_buckets(params, 1);
+  CHECK(tiny.size() == params.size());
+  CHECK(std::all_of(tiny.begin(), tiny.end(), [](const auto& b) { return b.size == 1; }));
+  CHECK(tiny.front().offset == g5);
+  CHECK(tiny.back().offset == g3 - 1);
+}
+
+TEST_CASE("parts of a large layer start while the layer is still computing the rest") {
+  // Group 0: 8 x 600 + 600 = 5400 floats; group 2: 600 x 4 + 4 = 2404. Buckets of 2000 floats.
+  const auto model =
+      sm::sequential(strata::sample_shape{.channels = 1, .height = 1, .width = 8},
+                     sm::linear{.in = 8, .out = 600}, sm::relu{}, sm::linear{.in = 600, .out = 4});
+  threads::run(2, [&](threads& c) {
+    auto params = model.make_params();
+    params.initialize(5);
+    auto work = model.make_workspace(4);
+    std::vector<float> input(4 * 8);
+    for (std::size_t i = 0; i < input.size(); ++i) {
+      input[i] = 0.1f * static_cast<float>((i * 7 + static_cast<std::size_t>(c.rank())) % 13);
+    }
+    std::vector<float> grad_out(4 * 4, 0.1f * static_cast<float>(c.rank() + 1));
+    // The reference: the whole gradient, then one all-reduce of it.
+    model.forward(work, params, input, 4, {.training = true});
+    model.backward(work, params, grad_out);
+    std::vector<float> reference(params.grads().begin(), params.grads().end());
+    c.all_reduce(reference.data(), reference.data(), reference.size(), strata::dtype::float32,
+                 strata::comm::reduce_op::avg);
+    std::fill(params.grads().begin(), params.grads().end(), 0.0f);
+
+    const auto buckets = par::make_buckets(params, 2000 * sizeof(float));
+    REQUIRE(buckets.size() == 5);  // group 2 in 2 parts, group 0 in 3
+    par::bucket_reducer reducer(strata::comm::any_comm(c), buckets);
+    REQUIRE(reducer.part_elements() == 2000);
+    model.forward(work, params, input, 4, {.training = true});
+    reducer.begin(params.grads());
+    std::vector<std::string> events;  // each report with the buckets started by then
+    model.backward(
+        work, params, grad_out,
+        [&](std::size_t layer) {
+          reducer.group_done(layer);
+          events.push_back("done " + std::to_string(layer) + ": " +
+                           std::to_string(reducer.launch_order().size()));
+        },
+        [&](std::size_t layer, std::size_t n) {
+          reducer.part_done(layer, n);
+          events.push_back("part " + std::to_string(layer) + " " + std::to_string(n) + ": " +
+                           std::to_string(reducer.launch_order().size()));
+        },
+        reducer.part_elements());
+    // Every bucket started; the backend's progress threads complete them without help, and
+    // poll() counts them.
+    REQUIRE(reducer.reductions() == 5);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (reducer.poll() < 5 && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+    CHECK(reducer.poll() == 5);
+    reducer.finish();
+    CHECK(reducer.poll() == 0);  // finish() waited for all of them and let them go
+    // linear 600 -> 4 computes its 4 rows at once (2400 floats >= 2000: the first part goes);
+    // linear 8 -> 600 in blocks of 250 rows (2000 floats): two parts go before its bias.
+    CHECK(events == std::vector<std::string>{"part 2 2400: 1", "done 2: 2", "done 1: 2",
+                                             "part 0 2000: 3", "part 0 4000: 4", "part 0 4800: 4",
+                                             "done 0: 5"});
+    CHECK(reducer.launch_order() == std::vector<std::size_t>{0, 1, 2, 3, 4});
+    for (std::size_t i = 0; i < reference.size(); ++i) {
+      INFO("rank ", c.rank(), " gradient ", i);
+      CHECK(params.grads()[i] == doctest::Approx(reference[i]).epsilon(1e-5));
+    }
+  });
+}
+
 TEST_CASE("with a shard size, each bucket's pieces are averaged on the ranks that own them") {
   // 3 ranks, shards of 40 floats; buckets in backward order, two of them across a boundary.
   const std::size_t shard = 40;
@@ -260,6 +358,53 @@ TEST_CASE("N ranks with B/N samples each train like one rank with B") {
     check_same_training(many, one, 1e-4);
     CHECK(many.summary.test_accuracy == doctest::Approx(one.summary.test_accuracy).epsilon(0.02));
   }
+}
+
+TEST_CASE("a layer larger than a bucket is reduced in parts and trains like one rank, zero1 too") {
+  // Group 0: 8 x 33000 + 33000 = 297000 floats, more than the 1 MiB bucket (262144 floats).
+  const auto wide_model = [] {
+    return sm::sequential(strata::sample_shape{.channels = 1, .height = 1, .width = 8},
+                          sm::linear{.in = 8, .out = 33000}, sm::relu{},
+                          sm::linear{.in = 33000, .out = 4});
+  };
+  auto one_cfg = base_config("wide-one-rank");
+  one_cfg.epochs = 1;
+  one_cfg.batch_size_per_gpu = 64;
+  one_cfg.lr = 0.01;
+  one_cfg.bucket_size_mb = strata::config::train_config{}.bucket_size_mb;  // one rank: no buckets
+  run_record one;
+  {
+    st::trainer<decltype(wide_model())> t(wide_model(), one_cfg, {.print_progress = false});
+    REQUIRE(par::make_buckets(t.params(), std::size_t{1} << 20).size() == 3);
+    one = record(t);
+  }
+  auto cfg = base_config("wide-two-ranks");
+  cfg.epochs = 1;
+  cfg.world_size = 2;
+  cfg.batch_size_per_gpu = 32;
+  cfg.lr = 0.01;
+  const run_record many = strata::test::run_thread_ranks<par::data<>>(2, cfg, wide_model)[0];
+  check_same_training(many, one, 1e-4);
+  // zero1 reduces each part to the owners of the shards it overlaps (the shard boundary falls
+  // inside a part of the first layer).
+  cfg = base_config("wide-zero1");
+  cfg.epochs = 1;
+  cfg.world_size = 2;
+  cfg.batch_size_per_gpu = 32;
+  cfg.lr = 0.01;
+  cfg.zero_stage = 1;
+  const run_record sharded = strata::test::run_thread_ranks<par::zero1>(2, cfg, wide_model)[0];
+  // Its parameters are padded to 2 equal shards; the same numbers as data<all_reduce>.
+  REQUIRE(sharded.steps.size() == many.steps.size());
+  for (std::size_t i = 0; i < many.steps.size(); ++i) {
+    CHECK(sharded.steps[i].loss == doctest::Approx(many.steps[i].loss).epsilon(1e-6));
+  }
+  REQUIRE(sharded.params.size() >= many.params.size());
+  double worst = 0.0;
+  for (std::size_t i = 0; i < many.params.size(); ++i) {
+    worst = std::max(worst, static_cast<double>(std::abs(sharded.params[i] - many.params[i])));
+  }
+  CHECK(worst < 1e-6);
 }
 
 TEST_CASE("accumulation on several ranks communicates once per step and matches one rank") {
