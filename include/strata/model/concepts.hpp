@@ -18,8 +18,9 @@
 //   4. run backward: `l.backward(args)` with `const backward_args& args`: ADD the parameter
 //      gradients into args.grads (so micro-batches accumulate), and write all of
 //      args.grad_input (batch x in) unless it is empty (the first layer's is not needed).
-//      It may compute its parameter gradients in parts of about args.progress.chunk elements
-//      (when that is not 0), calling args.progress(n) once elements [0, n) are final;
+//      It may compute its parameter gradients in parts of at least args.progress.chunk
+//      elements (when that is not 0; the last part may be smaller), calling args.progress(n)
+//      once elements [0, n) are final;
 // and may (the traits supply the defaults):
 //   5. declare parameters: `l.parameters(in)` returns std::vector<param_spec>, laid out in that
 //      order, contiguously, in args.params / args.grads (default: none);

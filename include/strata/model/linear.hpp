@@ -10,8 +10,8 @@
 // this order: "weight", out x in, row-major (row o holds the weights of output o), then, with
 // .bias, "bias", 1 x out. The products are Eigen GEMMs over row-major maps of the batch (see
 // blas.hpp for which GEMM runs). No saved state: backward reads args.input. Asked for parts
-// (backward_args::progress), backward computes the weight gradient in blocks of rows and
-// reports each; the bias gradient comes last, after the weight's rows.
+// (backward_args::progress), backward computes the weight gradient in blocks of rows (at least
+// min_part_rows) and reports each; the bias gradient comes last, final when backward returns.
 
 #include <Eigen/Core>
 #include <algorithm>
@@ -113,8 +113,9 @@ struct linear {
     const std::size_t chunk = args.progress.chunk;
     if (chunk > 0 && chunk < out * in) {
       // In parts of whole rows of dW of at least `chunk` floats, each reported final: data
-      // parallelism sends one part while this computes the next.
-      const std::size_t part = (chunk + in - 1) / in;
+      // parallelism sends one part while this computes the next. At least min_part_rows rows,
+      // so that a wide input does not turn the product into one matrix-vector pass per row.
+      const std::size_t part = std::max((chunk + in - 1) / in, min_part_rows);
       for (std::size_t r = 0; r < out; r += part) {
         const std::size_t n = std::min(part, out - r);
         dw.middleRows(rows(r), rows(n)).noalias() +=
@@ -134,6 +135,9 @@ struct linear {
       dx.noalias() = dy * w;
     }
   }
+
+  // The fewest rows of the weight gradient computed at once when asked for parts.
+  static constexpr std::size_t min_part_rows = 16;
 
   friend bool operator==(const linear&, const linear&) = default;
 

@@ -26,6 +26,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -275,7 +276,7 @@ class sequential {
       struct part_target {
         std::remove_reference_t<PartDone>* part_done;
         std::size_t layer;
-      } target{&part_done, I};
+      } target{std::addressof(part_done), I};
       if (chunk > 0 && !a.grads.empty()) {
         a.progress = {.report =
                           [](void* context, std::size_t n) {

@@ -339,6 +339,7 @@ class bucket_reducer {
     if (wire_ == dtype::float16 || wire_ == dtype::bfloat16) {
       std::size_t total = 0;
       for (const grad_bucket& b : buckets_) {
+        staging_offsets_.push_back(total);
         total += b.size;
       }
       staging_.resize(total);
@@ -351,12 +352,10 @@ class bucket_reducer {
   const std::vector<grad_bucket>& buckets() const noexcept { return buckets_; }
 
   // The part size to ask the layers for (backward_args::progress::chunk), in floats: the size of
-  // the parts of the groups split over several buckets; 0 when no group is split, or when the
-  // reducer is blocking (a blocking reduction in the middle of a layer would only stall it).
+  // the parts of the groups split over several buckets; 0 when no group is split. Blocking or
+  // not, the layers compute their gradients in the same parts, so that both launches give the
+  // same numbers bit for bit.
   std::size_t part_elements() const noexcept {
-    if (blocking_) {
-      return 0;
-    }
     for (const grad_bucket& b : buckets_) {
       if (b.ready_at != SIZE_MAX) {
         return b.size;
@@ -401,7 +400,9 @@ class bucket_reducer {
   // (in launch order; a bucket reduced by shards is several). On a backend whose non-blocking
   // collectives advance only inside its own calls (nonblocking_progresses = false: comm::mpi),
   // this is what moves them while backward computes, so group_done and part_done call it after
-  // each report there; elsewhere it only looks.
+  // each report there; elsewhere it only looks. A reduction that failed throws its comm_error
+  // here, so on such a backend it can come out of backward (from the layer's report) rather
+  // than from finish(); either way the step is lost.
   std::size_t poll() {
     while (polled_ < requests_.size() && requests_[polled_].test()) {
       ++polled_;
@@ -505,13 +506,7 @@ class bucket_reducer {
   }
 
   // Where bucket b's wire copy starts in staging_ (buckets in order, packed).
-  std::size_t staging_offset(std::size_t b) const noexcept {
-    std::size_t offset = 0;
-    for (std::size_t i = 0; i < b; ++i) {
-      offset += buckets_[i].size;
-    }
-    return offset;
-  }
+  std::size_t staging_offset(std::size_t b) const noexcept { return staging_offsets_[b]; }
 
   std::optional<comm::any_comm> comm_{};
   std::vector<grad_bucket> buckets_{};
@@ -520,8 +515,9 @@ class bucket_reducer {
   std::size_t shard_ = 0;
   bool blocking_ = false;
   bool polls_ = false;  // poll() after each report: the backend progresses only when called
-  double blocked_seconds_ = 0.0;          // this step's blocking reductions
-  std::vector<std::uint16_t> staging_{};  // compress::cast: the buckets in the wire type
+  double blocked_seconds_ = 0.0;                // this step's blocking reductions
+  std::vector<std::uint16_t> staging_{};        // compress::cast: the buckets in the wire type
+  std::vector<std::size_t> staging_offsets_{};  // where each bucket starts in staging_
   std::span<float> grads_{};
   std::size_t next_ = 0;
   std::size_t lowest_done_ = SIZE_MAX;  // every group from this one up is complete

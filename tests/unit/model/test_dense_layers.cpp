@@ -270,17 +270,17 @@ TEST_CASE("linear: the GEMM path agrees with a double-precision loop") {
 }
 
 TEST_CASE("linear: asked for parts, it reports rows of the weight gradient as they are final") {
-  const sm::linear l{.in = 10, .out = 23};
+  const sm::linear l{.in = 10, .out = 40};
   const std::size_t batch = 7;
   const auto x = random_values(batch * 10, 3);
-  const auto params = random_values(23 * 10 + 23, 4);
-  const auto dy = random_values(batch * 23, 5);
+  const auto params = random_values(40 * 10 + 40, 4);
+  const auto dy = random_values(batch * 40, 5);
   const auto run = run_forward(l, vec(10), batch, x, params);
   const auto backward = [&](std::vector<float>& grads, std::vector<float>& dx,
                             sm::grads_progress progress) {
     l.backward({.batch = batch,
                 .in_shape = vec(10),
-                .out_shape = vec(23),
+                .out_shape = vec(40),
                 .input = x,
                 .output = run.output,
                 .grad_output = dy,
@@ -290,18 +290,18 @@ TEST_CASE("linear: asked for parts, it reports rows of the weight gradient as th
                 .workspace = {},
                 .progress = progress});
   };
-  std::vector<float> whole_grads(23 * 10 + 23, 0.5f);
+  std::vector<float> whole_grads(40 * 10 + 40, 0.5f);
   std::vector<float> whole_dx(batch * 10);
   backward(whole_grads, whole_dx, {});
 
-  // Parts of at least 45 floats: 5 rows of 10 each; the reports come as the rows are added.
+  // Parts of at least 170 floats: 17 rows of 10 each; the reports come as the rows are added.
   struct seen {
     std::vector<std::size_t> reports;
     std::vector<float>* grads = nullptr;
     std::vector<float> expected;
     bool final_when_reported = true;
   } s;
-  std::vector<float> grads(23 * 10 + 23, 0.5f);
+  std::vector<float> grads(40 * 10 + 40, 0.5f);
   std::vector<float> dx(batch * 10);
   s.grads = &grads;
   s.expected = whole_grads;
@@ -318,8 +318,8 @@ TEST_CASE("linear: asked for parts, it reports rows of the weight gradient as th
                   }
                 },
             .context = &s,
-            .chunk = 45});
-  CHECK(s.reports == std::vector<std::size_t>{50, 100, 150, 200, 230});
+            .chunk = 170});
+  CHECK(s.reports == std::vector<std::size_t>{170, 340, 400});
   CHECK(s.final_when_reported);
   for (std::size_t i = 0; i < grads.size(); ++i) {
     INFO("gradient ", i);
@@ -327,13 +327,17 @@ TEST_CASE("linear: asked for parts, it reports rows of the weight gradient as th
   }
   CHECK(dx == whole_dx);
 
+  // Parts smaller than a row: blocks of at least linear::min_part_rows (16) rows.
+  s.reports.clear();
+  const auto record = [](void* context, std::size_t n) {
+    static_cast<seen*>(context)->reports.push_back(n);
+  };
+  backward(grads, dx, {.report = record, .context = &s, .chunk = 5});
+  CHECK(s.reports == std::vector<std::size_t>{160, 320, 400});
+
   // A part as large as the whole weight gradient: computed whole, no reports.
   s.reports.clear();
-  backward(grads, dx,
-           {.report = [](void* context,
-                         std::size_t n) { static_cast<seen*>(context)->reports.push_back(n); },
-            .context = &s,
-            .chunk = 230});
+  backward(grads, dx, {.report = record, .context = &s, .chunk = 400});
   CHECK(s.reports.empty());
 }
 

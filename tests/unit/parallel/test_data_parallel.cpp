@@ -150,7 +150,7 @@ TEST_CASE("a group larger than a bucket is cut into parts from its start") {
     CHECK(par::bucket_reducer(strata::comm::any_comm(c), buckets).part_elements() == 500);
     CHECK(par::bucket_reducer(strata::comm::any_comm(c), buckets, strata::dtype::float32,
                               strata::dtype::float32, 0, /*blocking=*/true)
-              .part_elements() == 0);
+              .part_elements() == 500);  // blocking or not, the same parts
     CHECK(par::bucket_reducer(strata::comm::any_comm(c),
                               par::make_buckets(params, 1100 * sizeof(float)))
               .part_elements() == 0);
@@ -385,6 +385,15 @@ TEST_CASE("a layer larger than a bucket is reduced in parts and trains like one 
   cfg.lr = 0.01;
   const run_record many = strata::test::run_thread_ranks<par::data<>>(2, cfg, wide_model)[0];
   check_same_training(many, one, 1e-4);
+  // Blocking buckets: the layers compute the same parts, so the same numbers bit for bit.
+  cfg = base_config("wide-blocking");
+  cfg.epochs = 1;
+  cfg.world_size = 2;
+  cfg.batch_size_per_gpu = 32;
+  cfg.lr = 0.01;
+  cfg.bucket_launch = strata::config::bucket_launch_kind::blocking;
+  const run_record blocking = strata::test::run_thread_ranks<par::data<>>(2, cfg, wide_model)[0];
+  CHECK(blocking.params == many.params);
   // zero1 reduces each part to the owners of the shards it overlaps (the shard boundary falls
   // inside a part of the first layer).
   cfg = base_config("wide-zero1");
