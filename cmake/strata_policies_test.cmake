@@ -2,8 +2,8 @@
 # The data-parallel policies an example trainer picks from its configuration: runs PROGRAM
 # (optionally under LAUNCHER, e.g. "mpiexec;-n;2;--allow-run-as-root") with ARGS and each
 # policy's keys, and checks every run against the plain all-reduce run:
-#   - gradient_sync = parameter_server, hierarchical and zero_stage = 1 compute the same average
-#     gradient: test loss within 0.001;
+#   - gradient_sync = parameter_server, hierarchical and zero_stage = 1, and adaptive_batch = true
+#     (with all_reduce and zero1) compute the same average gradient: test loss within 0.001;
 #   - gradient_compression = float16 / bfloat16 (all-reduce; float16 hierarchical) and top-k (ratio 0.1, through the parameter
 #     server and by all-gather) train on approximations: test accuracy within 3 points.
 #   cmake -DPROGRAM=... -DWORK=dir "-DARGS=--world_size;2;..." [-DLAUNCHER=...] -P file
@@ -52,6 +52,12 @@ run_case(hierarchical --gradient_sync hierarchical)
 check_within(hierarchical loss 10)
 run_case(zero1 --zero_stage 1)
 check_within(zero1 loss 10)
+# The adaptive batch: each rank picks its micro-batch in its own budget, the ranks agree on the
+# smallest; the same global batches, so the same average gradient.
+run_case(adaptive --adaptive_batch true --memory_budget_mb 256)
+check_within(adaptive loss 10)
+run_case(adaptive_zero1 --adaptive_batch true --memory_budget_mb 256 --zero_stage 1)
+check_within(adaptive_zero1 loss 10)
 # The compressed ones.
 run_case(float16 --gradient_compression float16)
 check_within(float16 accuracy 300)

@@ -130,7 +130,9 @@ decltype(auto) with_data_policy(const strata::config::train_config& cfg, Run&& r
 //     mpiexec's job (built with MPI; `mpiexec -n 2 fashion_mnist_mlp --world_size 2
 //     --communication_backend mpi`).
 // Policies are compile-time choices: each combination is its own trainer type (so this function
-// instantiates 3 precisions x 11 trainers). The adaptive batch runs on one rank in the examples.
+// instantiates 3 precisions x 14 trainers). With more than one rank, the adaptive batch runs
+// with data<all_reduce> (no compression) and zero1; each rank adapts within its own
+// memory_budget_mb, and the ranks agree on the smallest micro-batch.
 template <class Model, class Train>
 strata::train::fit_summary train_as_configured(const Model& model,
                                                const strata::config::train_config& cfg,
@@ -168,28 +170,45 @@ strata::train::fit_summary train_as_configured(const Model& model,
     }
 #endif
     return with_data_policy(cfg, [&]<class Policy>(std::type_identity<Policy>) {
-      using data_trainer =
-          strata::train::trainer<Model, strata::batch::accumulate, Precision, Policy>;
+      // Runs trainer<Model, Batch, Precision, Policy> on every rank; rank 0's summary.
+      const auto on_ranks = [&]<class Batch>(std::type_identity<Batch>) {
+        using data_trainer = strata::train::trainer<Model, Batch, Precision, Policy>;
 #ifdef STRATA_EXAMPLES_MPI
-      if (cfg.communication_backend == strata::config::comm_backend_kind::mpi) {
-        static strata::comm::mpi_environment environment;
-        auto world = strata::comm::mpi::world({.timeout = cfg.comm_timeout});
-        prints_summary() = world.rank() == 0;
-        data_trainer run(model, cfg, strata::comm::any_comm(world));
-        return train(run);
-      }
+        if (cfg.communication_backend == strata::config::comm_backend_kind::mpi) {
+          static strata::comm::mpi_environment environment;
+          auto world = strata::comm::mpi::world({.timeout = cfg.comm_timeout});
+          prints_summary() = world.rank() == 0;
+          data_trainer run(model, cfg, strata::comm::any_comm(world));
+          return train(run);
+        }
 #endif
-      strata::train::fit_summary first;
-      strata::comm::threads::run(static_cast<int>(cfg.world_size),
-                                 [&](strata::comm::threads& comm) {
-                                   data_trainer run(model, cfg, strata::comm::any_comm(comm));
-                                   strata::train::fit_summary s = train(run);
-                                   if (comm.rank() == 0) {
-                                     first = std::move(s);
-                                   }
-                                 },
-                                 {.timeout = cfg.comm_timeout});
-      return first;
+        strata::train::fit_summary first;
+        strata::comm::threads::run(static_cast<int>(cfg.world_size),
+                                   [&](strata::comm::threads& comm) {
+                                     data_trainer run(model, cfg, strata::comm::any_comm(comm));
+                                     strata::train::fit_summary s = train(run);
+                                     if (comm.rank() == 0) {
+                                       first = std::move(s);
+                                     }
+                                   },
+                                   {.timeout = cfg.comm_timeout});
+        return first;
+      };
+      if (cfg.adaptive_batch) {
+        // Each trainer type is compiled in full, so the examples pair the adaptive batch with
+        // the two plain all-reduce policies only; the library takes it with any of them.
+        if constexpr (std::is_same_v<Policy, strata::parallel::data<>> ||
+                      std::is_same_v<Policy, strata::parallel::zero1>) {
+          return on_ranks(std::type_identity<strata::batch::adaptive>{});
+        } else {
+          throw strata::config_error(
+              {.key = "adaptive_batch"},
+              "the examples run adaptive_batch with more than one rank on gradient_sync = "
+              "all_reduce without gradient_compression (zero_stage 0 or 1); set adaptive_batch = "
+              "false for this policy");
+        }
+      }
+      return on_ranks(std::type_identity<strata::batch::accumulate>{});
     });
   });
 }

@@ -99,6 +99,13 @@ TEST_CASE("ranks_sharing_cpus: the process alone when bound, else the node's ran
   CHECK(strata::comm::ranks_sharing_cpus(comm) == sharing);
 }
 
+TEST_CASE("ranks_sharing_memory: the node's ranks, bound to cores or not") {
+  auto comm = mpi::world();
+  CHECK(comm.ranks_sharing_memory() == comm.size());  // every rank of the test job runs here
+  CHECK(strata::comm::any_comm(comm).ranks_sharing_memory() == comm.size());
+  CHECK(strata::comm::ranks_sharing_memory(comm) == comm.size());
+}
+
 TEST_CASE("world_size is checked against the processes mpiexec started") {
   strata::config::train_config cfg;
   int world_size = 0;

@@ -119,6 +119,8 @@ class any_comm {
   bool progresses_nonblocking() const noexcept { return ops_->progresses_nonblocking(); }
   // The wrapped backend's comm::ranks_sharing_cpus (see concepts.hpp).
   int ranks_sharing_cpus() const noexcept { return ops_->ranks_sharing_cpus(self_); }
+  // The wrapped backend's comm::ranks_sharing_memory (see concepts.hpp).
+  int ranks_sharing_memory() const noexcept { return ops_->ranks_sharing_memory(self_); }
 
   // ---- untyped: the contract's signatures -----------------------------------------------------
 
@@ -243,6 +245,7 @@ class any_comm {
     virtual const comm_config& config(const void* c) const noexcept = 0;
     virtual bool progresses_nonblocking() const noexcept = 0;
     virtual int ranks_sharing_cpus(const void* c) const noexcept = 0;
+    virtual int ranks_sharing_memory(const void* c) const noexcept = 0;
     virtual void all_reduce(void* c, const void* s, void* r, std::size_t n, dtype t,
                             reduce_op op) const = 0;
     virtual request all_reduce_async(void* c, const void* s, void* r, std::size_t n, dtype t,
@@ -291,6 +294,9 @@ class any_comm {
     bool progresses_nonblocking() const noexcept override { return nonblocking_progresses<C>; }
     int ranks_sharing_cpus(const void* c) const noexcept override {
       return comm::ranks_sharing_cpus(self(c));
+    }
+    int ranks_sharing_memory(const void* c) const noexcept override {
+      return comm::ranks_sharing_memory(self(c));
     }
     void all_reduce(void* c, const void* s, void* r, std::size_t n, dtype t,
                     reduce_op op) const override {

@@ -164,6 +164,21 @@ int ranks_sharing_cpus(const C& c) noexcept {
   }
 }
 
+// Optional: how many ranks of the job share this process's memory (itself included), so that a
+// default memory budget can be shared out among them (the trainer's memory_budget_mb when unset).
+// A backend says it by a member `int ranks_sharing_memory() const noexcept` (comm::threads:
+// size(); comm::mpi: the ranks on this node); backends without one count 1.
+template <class C>
+int ranks_sharing_memory(const C& c) noexcept {
+  if constexpr (requires {
+                  { c.ranks_sharing_memory() } -> std::convertible_to<int>;
+                }) {
+    return c.ranks_sharing_memory();
+  } else {
+    return 1;
+  }
+}
+
 // One readable error per missing requirement, for the places where policies meet (nvcc reports
 // only "failed deduction" for an unsatisfied concept).
 template <class C>

@@ -239,6 +239,7 @@ class emulated {
 
   // The inner backend's placement of ranks (the link is modelled, the CPUs are real).
   int ranks_sharing_cpus() const noexcept { return ::strata::comm::ranks_sharing_cpus(inner_); }
+  int ranks_sharing_memory() const noexcept { return ::strata::comm::ranks_sharing_memory(inner_); }
 
   const network_link& link_model() const noexcept { return link_; }
   Inner& inner() noexcept { return inner_; }

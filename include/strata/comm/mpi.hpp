@@ -1034,10 +1034,11 @@ class mpi {
   // its cores unless oversubscribed or told --bind-to none), else the ranks on this node as the
   // launcher tells them (Open MPI: OMPI_COMM_WORLD_LOCAL_SIZE; MPICH's Hydra: MPI_LOCALNRANKS),
   // or 1 when it does not. No communication.
-  int ranks_sharing_cpus() const noexcept {
-    if (cpus_bound()) {
-      return 1;
-    }
+  int ranks_sharing_cpus() const noexcept { return cpus_bound() ? 1 : ranks_sharing_memory(); }
+  // How many of the job's ranks run on this node, sharing its memory
+  // (comm::ranks_sharing_memory): what the launcher tells them (Open MPI:
+  // OMPI_COMM_WORLD_LOCAL_SIZE; MPICH's Hydra: MPI_LOCALNRANKS), or 1 when it does not.
+  int ranks_sharing_memory() const noexcept {
     for (const char* name : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"}) {
       if (const char* text = std::getenv(name)) {
         const int n = std::atoi(text);

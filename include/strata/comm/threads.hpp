@@ -71,6 +71,7 @@
 #include "strata/core/deadline.hpp"
 #include "strata/core/dtype.hpp"
 #include "strata/core/error.hpp"
+#include "strata/core/host.hpp"
 #include "strata/core/policy.hpp"
 
 namespace strata::comm {
@@ -1240,7 +1241,9 @@ class threads {
 
   // Runs fn(comm) on n ranks, one thread each, and joins them all. When a rank failed, rethrows
   // the root cause: the first rank's error that is not an echo of another's (peer_failed,
-  // aborted).
+  // aborted). Each rank's thread runs inside a host_account of its own ("host:rank<r>"), so
+  // host{}.memory() on a rank counts (and budgets) that rank's allocations, like a GPU's
+  // tracker; the process tracker still counts them all.
   template <class F>
   static void run(int n, F&& fn, comm_config config = {}) {
     std::shared_ptr<detail::world_state> world;
@@ -1294,6 +1297,8 @@ class threads {
   // Every rank is a thread of this process, so all of them share its CPUs
   // (comm::ranks_sharing_cpus).
   int ranks_sharing_cpus() const noexcept { return size(); }
+  // ... and its memory (comm::ranks_sharing_memory).
+  int ranks_sharing_memory() const noexcept { return size(); }
   // This rank's index among all the ranks of its threads::run.
   int world_rank() const noexcept { return core_->world_rank(); }
   // The last operations of this rank on this communicator, oldest first.
@@ -1496,9 +1501,11 @@ class threads {
     auto group = std::make_shared<detail::group_state>(world, std::move(ranks));
     std::vector<std::exception_ptr> outcomes(static_cast<std::size_t>(n));
     const auto body = [&](int r) {
+      std::optional<host_account> memory;
       std::optional<threads> comm;
       std::exception_ptr outcome;
       try {
+        memory.emplace("host:rank" + std::to_string(r));
         comm.emplace(threads(std::make_shared<detail::threads_core>(group, r, config)));
         fn(*comm);
       } catch (const killed&) {
@@ -1519,6 +1526,7 @@ class threads {
         comm->close(detail::departure::returned);
       }
       comm.reset();
+      memory.reset();
       world->mark(r, detail::rank_state::exited);
       world->add_busy_thread(-1);
       outcomes[static_cast<std::size_t>(r)] = outcome;

@@ -362,7 +362,7 @@ constexpr void visit_keys(Visitor&& v) {
             "backward; 0 = off."});
   v(int_key{"memory_budget_mb", &c::memory_budget_mb, 0, std::int64_t{1} << 40,
             "Memory budget per rank for batch::adaptive, MiB; 0 = 80% of the machine's (or "
-            "cgroup's) memory."});
+            "cgroup's) memory, shared by the ranks on the machine."});
   v(bool_key{"adaptive_batch", &c::adaptive_batch,
              "Pick the micro-batch from live memory, keeping the global batch fixed."});
   v(int_key{"adaptive_batch_min", &c::adaptive_batch_min, 1, 1 << 20,

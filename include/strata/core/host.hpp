@@ -9,6 +9,7 @@
 #include <cstring>
 #include <fstream>
 #include <limits>
+#include <memory>
 #include <new>
 #include <span>
 #include <sstream>
@@ -111,16 +112,37 @@ inline memory_tracker& host_tracker() noexcept {
   return tracker;
 }
 
+// The host_account in effect on this thread (null: the process tracker).
+inline std::shared_ptr<memory_tracker>& current_host_account() noexcept {
+  thread_local std::shared_ptr<memory_tracker> account;
+  return account;
+}
+
+// An account's tracker, which keeps its parent account (if any) alive as long as it lives.
+struct account_tracker : memory_tracker {
+  account_tracker(std::string space, std::shared_ptr<memory_tracker> enclosing)
+      : memory_tracker(std::move(space), enclosing ? enclosing.get() : &detail::host_tracker()),
+        parent_account(std::move(enclosing)) {}
+  std::shared_ptr<memory_tracker> parent_account;
+};
+
 }  // namespace detail
 
-// Host memory. Stateless: every `host` value shares the process-wide tracker, which counts the
-// bytes allocated through strata::host (not the whole process). Sizes are rounded up to a
-// multiple of the alignment and accounted rounded.
+// Host memory. Every `host` value accounts its allocations in a tracker: the process-wide one
+// (which counts the bytes allocated through strata::host, not the whole process), or the
+// host_account in effect on the thread that made the value. Sizes are rounded up to a multiple
+// of the alignment and accounted rounded. A buffer keeps the value it allocated with, so its
+// memory goes back to the same tracker whichever thread frees it.
 class host {
  public:
   using execution_space_category = execution_space_tag;
   static constexpr bool host_accessible = true;
   static constexpr std::size_t default_alignment = 64;
+
+  // Accounts in the calling thread's host_account, or the process tracker when none.
+  host() noexcept
+      : account_(detail::current_host_account()),
+        tracker_(account_ ? account_.get() : &detail::host_tracker()) {}
 
   std::string_view name() const noexcept { return "host"; }
 
@@ -184,7 +206,8 @@ class host {
   }
   void zero(void* dst, std::size_t bytes) const noexcept { fill(dst, bytes, std::byte{0}); }
 
-  memory_tracker& memory() const noexcept { return detail::host_tracker(); }
+  // The tracker this value accounts in: its host_account's, or the process's.
+  memory_tracker& memory() const noexcept { return *tracker_; }
 
   // The tracker's stats, with MemTotal and MemAvailable of /proc/meminfo (0 when unknown).
   memory_snapshot memory_info() const noexcept {
@@ -194,7 +217,47 @@ class host {
 
   void synchronize() const noexcept {}
 
-  bool operator==(const host&) const = default;
+  // All host values are the same memory, whichever tracker accounts it.
+  bool operator==(const host&) const noexcept { return true; }
+
+ private:
+  std::shared_ptr<memory_tracker> account_;  // keeps an account's tracker alive; null: process
+  memory_tracker* tracker_;
+};
+
+// Accounts the host allocations the calling thread makes while it lives in a tracker of their
+// own, named `space`, inside the tracker in effect before (the process's, or an enclosing
+// account's): its budget and peak are this thread's alone, and the process tracker still counts
+// every byte. comm::threads::run opens one per rank ("host:rank0", ...), the host's counterpart
+// of one tracker per GPU. Helper threads the owner starts account in the process tracker unless
+// they open an account of their own.
+//
+//   {
+//     strata::host_account mine("host:worker");
+//     strata::scoped_budget limit(mine.memory(), 64 << 20);
+//     strata::buffer<float> b(1024);  // counted in mine.memory() and in the process tracker
+//   }
+//
+// Scoped: accounts on one thread end in the reverse order of their start, on that thread.
+// Memory allocated inside outlives the account safely: its tracker lives until the last buffer
+// made with it is gone (and with it the account's own budget), freed by any thread.
+class host_account {
+ public:
+  explicit host_account(std::string space)
+      : previous_(detail::current_host_account()),
+        tracker_(std::make_shared<detail::account_tracker>(std::move(space), previous_)) {
+    detail::current_host_account() = tracker_;
+  }
+  ~host_account() { detail::current_host_account() = std::move(previous_); }
+
+  host_account(const host_account&) = delete;
+  host_account& operator=(const host_account&) = delete;
+
+  memory_tracker& memory() const noexcept { return *tracker_; }
+
+ private:
+  std::shared_ptr<memory_tracker> previous_;
+  std::shared_ptr<memory_tracker> tracker_;
 };
 
 // How a buffer is allocated.

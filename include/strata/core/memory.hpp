@@ -6,6 +6,11 @@
 // optional budget. A reservation that would exceed the budget throws memory_error before any
 // memory is touched, so a caller (the adaptive batch policy, the tuner) can catch it and retry
 // with less; the tracker is left exactly as it was.
+//
+// A tracker may have a parent: what it reserves is reserved in the parent too, under both
+// budgets. strata::host_account (core/host.hpp) uses this to give each thread rank of
+// comm::threads an account of its own inside the process's host tracker, as each GPU has its
+// own.
 
 #include <atomic>
 #include <cstddef>
@@ -55,10 +60,12 @@ inline std::string to_string(const memory_snapshot& s) {
 
 // Thread-safe byte accounting with an optional budget. reserve() before allocating, release()
 // after freeing, one reserve per allocation. Lock-free: every member may be called from any
-// thread at any time.
+// thread at any time. With a parent (which must outlive this tracker), every reservation is
+// also one of the parent's, and fails when either budget would be exceeded.
 class memory_tracker {
  public:
-  explicit memory_tracker(std::string space) : space_(std::move(space)) {}
+  explicit memory_tracker(std::string space, memory_tracker* parent = nullptr)
+      : space_(std::move(space)), parent_(parent) {}
 
   memory_tracker(const memory_tracker&) = delete;
   memory_tracker& operator=(const memory_tracker&) = delete;
@@ -66,8 +73,12 @@ class memory_tracker {
   // The space whose memory this is ("host", "cuda:0"); used in error messages.
   const std::string& space() const noexcept { return space_; }
 
-  // Accounts one allocation of `bytes`. Throws memory_error, leaving every counter unchanged,
-  // when in_use + bytes would exceed the budget (or overflow).
+  // The tracker this one's reservations also go to; null for none.
+  memory_tracker* parent() const noexcept { return parent_; }
+
+  // Accounts one allocation of `bytes`. Throws memory_error, leaving every counter unchanged
+  // (the parent's too), when in_use + bytes would exceed the budget (or overflow) here or in a
+  // parent; the error names the tracker whose budget it is.
   void reserve(std::size_t bytes) {
     std::size_t current = in_use_.load(std::memory_order_relaxed);
     for (;;) {
@@ -87,6 +98,14 @@ class memory_tracker {
         break;
       }
     }
+    if (parent_ != nullptr) {
+      try {
+        parent_->reserve(bytes);
+      } catch (...) {
+        in_use_.fetch_sub(bytes, std::memory_order_acq_rel);
+        throw;
+      }
+    }
     raise_peak(current + bytes);
     allocations_.fetch_add(1, std::memory_order_relaxed);
     total_allocations_.fetch_add(1, std::memory_order_relaxed);
@@ -99,9 +118,13 @@ class memory_tracker {
     while (!in_use_.compare_exchange_weak(current, current - (bytes < current ? bytes : current),
                                           std::memory_order_acq_rel, std::memory_order_relaxed)) {
     }
+    const std::size_t released = bytes < current ? bytes : current;
     std::size_t live = allocations_.load(std::memory_order_relaxed);
     while (live != 0 &&
            !allocations_.compare_exchange_weak(live, live - 1, std::memory_order_relaxed)) {
+    }
+    if (parent_ != nullptr) {
+      parent_->release(released);  // what was counted here was counted there
     }
   }
 
@@ -134,6 +157,7 @@ class memory_tracker {
   }
 
   std::string space_;
+  memory_tracker* parent_ = nullptr;
   std::atomic<std::size_t> in_use_{0};
   std::atomic<std::size_t> peak_{0};
   std::atomic<std::size_t> budget_{0};

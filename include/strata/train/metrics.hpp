@@ -27,7 +27,8 @@ struct step_metrics {
   double compute_seconds = 0.0;  // forward, backward, optimizer
   double comm_seconds = 0.0;     // gradient communication (0 on one rank)
   double samples_per_second = 0.0;
-  std::size_t peak_bytes = 0;   // host memory accounted by strata, peak so far
+  std::size_t peak_bytes = 0;   // host memory accounted by strata, peak so far (this rank's own
+                                // account on thread ranks)
   bool skipped = false;         // mixed precision: the gradients overflowed, no update was made
   double loss_scale = 1.0;      // the loss scale the step ran with (1 without a scaler)
   std::size_t micro_batch = 0;  // samples per micro-step (batch::adaptive changes it)

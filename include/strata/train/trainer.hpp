@@ -1046,9 +1046,15 @@ class trainer {
     std::size_t size = 0;
   };
 
+  // memory_budget_mb is each rank's. Unset, the machine's default budget is shared by the ranks
+  // on it (every thread rank of comm::threads; the node's ranks under mpiexec).
   std::size_t memory_budget() const {
-    return cfg_.memory_budget_mb > 0 ? static_cast<std::size_t>(cfg_.memory_budget_mb) << 20
-                                     : batch::default_memory_budget();
+    if (cfg_.memory_budget_mb > 0) {
+      return static_cast<std::size_t>(cfg_.memory_budget_mb) << 20;
+    }
+    const auto& all = world_ ? world_ : comm_;  // with dedicated servers, comm_ spans a role
+    const int sharing = all ? std::max(1, all->ranks_sharing_memory()) : 1;
+    return batch::default_memory_budget() / static_cast<std::size_t>(sharing);
   }
 
   // The controller of batch::adaptive for steps of `global` samples. Its first micro-batch is

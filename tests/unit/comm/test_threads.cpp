@@ -24,11 +24,14 @@
 #include <type_traits>
 #include <vector>
 
+#include "strata/comm/any_comm.hpp"
 #include "strata/comm/collectives.hpp"
 #include "strata/comm/fault.hpp"
 #include "strata/comm/reduce.hpp"
 #include "strata/core/dtype.hpp"
 #include "strata/core/error.hpp"
+#include "strata/core/host.hpp"
+#include "strata/core/memory.hpp"
 
 static_assert(strata::comm::check_comm_backend<strata::comm::threads>());
 
@@ -1058,4 +1061,40 @@ TEST_CASE("threads: run rejects a non-positive rank count; a 1-rank world works 
     CHECK(v[0] == 3.0f);
     CHECK(c.history().find("all_reduce #0") != std::string::npos);
   });
+}
+
+TEST_CASE("threads: each rank accounts its host memory apart, inside the process tracker") {
+  strata::memory_tracker& process = strata::host{}.memory();
+  const std::size_t before = process.stats().in_use;
+  std::array<std::size_t, 3> own{};
+  std::array<std::size_t, 3> all{};
+  std::array<std::string, 3> names{};
+  threads::run(3, [&](threads& c) {
+    const auto r = static_cast<std::size_t>(c.rank());
+    CHECK(c.ranks_sharing_memory() == 3);
+    CHECK(strata::comm::ranks_sharing_memory(strata::comm::any_comm(c)) == 3);
+    strata::memory_tracker& mine = strata::host{}.memory();
+    names[r] = mine.space();
+    CHECK(mine.parent() == &process);
+    const std::size_t start = mine.stats().in_use;
+    // Rank r holds (r + 1) x 64 KiB; a budget on one rank limits that rank alone.
+    const strata::buffer<std::byte> held((r + 1) << 16);
+    c.barrier();
+    own[r] = mine.stats().in_use - start;
+    all[r] = process.stats().in_use;
+    if (r == 0) {
+      const strata::scoped_budget limit(mine, mine.stats().in_use + 1024);
+      CHECK_THROWS_WITH_AS(strata::buffer<std::byte>(4096), doctest::Contains("host:rank0"),
+                           strata::memory_error);
+    }
+    c.barrier();
+    const strata::buffer<std::byte> more(4096);  // the other ranks never saw rank 0's budget
+    c.barrier();
+  });
+  CHECK(names == std::array<std::string, 3>{"host:rank0", "host:rank1", "host:rank2"});
+  CHECK(own == std::array<std::size_t, 3>{1 << 16, 2 << 16, 3 << 16});
+  for (const std::size_t seen : all) {
+    CHECK(seen >= before + (6 << 16));
+  }
+  CHECK(process.stats().in_use == before);
 }

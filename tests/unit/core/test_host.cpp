@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <numeric>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -302,4 +303,63 @@ TEST_CASE("buffer past the budget throws memory_error and leaks nothing") {
   CHECK(after.in_use == before.in_use);
   CHECK(after.allocations == before.allocations);
   CHECK(after.budget == before.budget);
+}
+
+TEST_CASE("host_account accounts the thread's allocations apart, inside the process tracker") {
+  strata::memory_tracker& process = strata::host{}.memory();
+  const std::size_t process_before = process.stats().in_use;
+  strata::buffer<float> outlives;
+  {
+    strata::host_account account("host:test");
+    strata::memory_tracker& mine = account.memory();
+    CHECK(mine.space() == "host:test");
+    CHECK(mine.parent() == &process);
+    CHECK(&strata::host{}.memory() == &mine);
+    CHECK(strata::host{} == strata::host{});
+
+    strata::buffer<float> a(1000);  // 4000 bytes, 4032 rounded to 64
+    CHECK(mine.stats().in_use == 4032);
+    CHECK(process.stats().in_use == process_before + 4032);
+    CHECK(&a.space().memory() == &mine);
+
+    // Another thread allocates in the process tracker, and may free the account's buffer.
+    std::size_t other_in_mine = 0;
+    std::thread([&] {
+      const strata::buffer<float> b(16);
+      CHECK(&strata::host{}.memory() == &process);
+      other_in_mine = mine.stats().in_use;
+      strata::buffer<float> taken = std::move(a);
+    }).join();
+    CHECK(other_in_mine == 4032);
+    CHECK(mine.stats().in_use == 0);
+    CHECK(process.stats().in_use == process_before);
+
+    // The account's budget is its own.
+    {
+      const strata::scoped_budget limit(mine, 1024);
+      CHECK_THROWS_WITH_AS(strata::buffer<float>(1000), doctest::Contains("host:test"),
+                           strata::memory_error);
+      CHECK(process.stats().in_use == process_before);
+    }
+
+    // Nested accounts end in reverse order and count in the enclosing one.
+    {
+      strata::host_account inner("host:inner");
+      CHECK(inner.memory().parent() == &mine);
+      const strata::buffer<float> c(16);
+      CHECK(inner.memory().stats().in_use == 64);
+      CHECK(mine.stats().in_use == 64);
+      CHECK(process.stats().in_use == process_before + 64);
+    }
+    CHECK(&strata::host{}.memory() == &mine);
+    outlives = strata::buffer<float>(32);
+    CHECK(mine.stats().in_use == 128);
+  }
+  // The account ended; the thread is back on the process tracker, and the buffer made inside
+  // still returns its bytes to the account's tracker (kept alive by the buffer) and the process.
+  CHECK(&strata::host{}.memory() == &process);
+  CHECK(outlives.space().memory().space() == "host:test");
+  CHECK(process.stats().in_use == process_before + 128);
+  outlives.reset();
+  CHECK(process.stats().in_use == process_before);
 }

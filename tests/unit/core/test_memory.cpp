@@ -206,3 +206,60 @@ TEST_CASE("memory_stats and memory_snapshot print every field") {
   CHECK(strata::to_string(snapshot).find(".device_total = 6, .device_free = 7}") !=
         std::string::npos);
 }
+
+TEST_CASE("a tracker with a parent reserves in both, under both budgets") {
+  strata::memory_tracker parent("host");
+  strata::memory_tracker child("host:rank1", &parent);
+  CHECK(child.parent() == &parent);
+  parent.reserve(100);  // someone else's
+  child.reserve(40);
+  CHECK(child.stats().in_use == 40);
+  CHECK(parent.stats().in_use == 140);
+  CHECK(parent.stats().allocations == 2);
+
+  // The child's budget: the child names itself, the parent is untouched.
+  child.set_budget(50);
+  const strata::memory_stats child_before = child.stats();
+  const strata::memory_stats parent_before = parent.stats();
+  try {
+    child.reserve(11);
+    FAIL("reserved past the child's budget");
+  } catch (const strata::memory_error& e) {
+    CHECK(e.space() == "host:rank1");
+    CHECK(e.budget() == 50);
+    CHECK(e.in_use() == 40);
+  }
+  CHECK(child.stats() == child_before);
+  CHECK(parent.stats() == parent_before);
+
+  // The parent's budget: the parent names itself, and the child's reservation is undone.
+  child.set_budget(0);
+  parent.set_budget(150);
+  const strata::memory_stats child_unlimited = child.stats();
+  const strata::memory_stats parent_limited = parent.stats();
+  try {
+    child.reserve(11);
+    FAIL("reserved past the parent's budget");
+  } catch (const strata::memory_error& e) {
+    CHECK(e.space() == "host");
+    CHECK(e.budget() == 150);
+    CHECK(e.in_use() == 140);
+  }
+  CHECK(child.stats() == child_unlimited);
+  CHECK(parent.stats() == parent_limited);
+
+  child.reserve(10);
+  CHECK(parent.stats().in_use == 150);
+  child.release(10);
+  child.release(40);
+  CHECK(child.stats().in_use == 0);
+  CHECK(child.stats().peak == 50);
+  CHECK(parent.stats().in_use == 100);
+  CHECK(parent.stats().allocations == 1);
+
+  // Releasing past zero in the child gives back to the parent only what the child held.
+  child.reserve(5);
+  child.release(20);
+  CHECK(parent.stats().in_use == 100);
+  parent.release(100);
+}

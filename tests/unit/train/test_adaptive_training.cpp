@@ -3,7 +3,9 @@
 // failure re-runs the step's samples, and the optimisation is that of a fixed global batch.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <filesystem>
 #include <string>
@@ -11,10 +13,13 @@
 
 #include "strata/batch/accumulate.hpp"
 #include "strata/batch/adaptive.hpp"
+#include "strata/comm/any_comm.hpp"
+#include "strata/comm/threads.hpp"
 #include "strata/core/host.hpp"
 #include "strata/data/transforms.hpp"
 #include "strata/model/layers.hpp"
 #include "strata/model/sequential.hpp"
+#include "strata/parallel/data.hpp"
 #include "strata/train/trainer.hpp"
 
 #include "../common/blobs.hpp"
@@ -213,4 +218,86 @@ TEST_CASE("a resumed adaptive run continues from the saved micro-batch") {
   CHECK(second.steps.front().step == 6);
   // Step 6 runs with what step 5 decided, not with the small start again.
   CHECK(second.steps.front().micro_batch > 4);
+}
+
+namespace {
+
+// Runs 2 thread ranks of data<all_reduce> with `cfg` (rank 1 first holding `ballast` bytes of its
+// own); returns both ranks' records.
+template <class Batch>
+std::vector<run_record> run_two_ranks(const strata::config::train_config& cfg,
+                                      std::size_t ballast = 0) {
+  std::vector<run_record> records(2);
+  strata::comm::threads::run(2, [&](strata::comm::threads& c) {
+    const strata::buffer<std::byte> held(c.rank() == 1 ? ballast : 0);
+    st::trainer<decltype(wide_model()), Batch, strata::parallel::data<>> t(
+        wide_model(), cfg, strata::comm::any_comm(c), {.print_progress = false});
+    records[static_cast<std::size_t>(c.rank())] = strata::test::record(t, 1024);
+  });
+  CHECK(records[1].params == records[0].params);
+  return records;
+}
+
+std::size_t largest_micro_batch(const run_record& r) {
+  std::size_t largest = 0;
+  for (const auto& s : r.steps) {
+    largest = std::max(largest, s.micro_batch);
+  }
+  return largest;
+}
+
+}  // namespace
+
+TEST_CASE("on thread ranks each rank adapts within its own budget, and the ranks agree") {
+  auto cfg = base_config("ranks-fixed");
+  cfg.world_size = 2;
+  cfg.gradient_accumulation_steps = 4;  // 64 samples per rank and step, 128 in all
+  const run_record reference = run_two_ranks<strata::batch::accumulate>(cfg)[0];
+
+  cfg = adaptive_config("ranks");
+  cfg.world_size = 2;
+  cfg.batch_size_per_gpu = 4;
+  cfg.gradient_accumulation_steps = 16;
+  // Each rank's budget counts that rank's allocations alone (its host account), which start
+  // from nothing: about 35 samples of workspace fit besides the parameters and the loader.
+  cfg.memory_budget_mb = 3;
+  const std::size_t budget = std::size_t{3} << 20;
+  const std::vector<run_record> r = run_two_ranks<strata::batch::adaptive>(cfg);
+  check_same_training(r[0], reference);
+  REQUIRE(r[0].steps.size() == 16);
+  REQUIRE(r[1].steps.size() == 16);
+  for (std::size_t i = 0; i < r[0].steps.size(); ++i) {
+    INFO("step ", i, " micro-batches ", r[0].steps[i].micro_batch, " and ",
+         r[1].steps[i].micro_batch, " peaks ", r[0].steps[i].peak_bytes, " and ",
+         r[1].steps[i].peak_bytes, " budget ", budget);
+    CHECK(r[0].steps[i].samples == 128);
+    CHECK(r[0].steps[i].micro_batch == r[1].steps[i].micro_batch);
+    for (const run_record& rank : r) {
+      CHECK(rank.steps[i].peak_bytes <= budget);
+      if (i >= 9) {
+        CHECK(static_cast<double>(rank.steps[i].peak_bytes) >= 0.9 * static_cast<double>(budget));
+      }
+    }
+  }
+  const std::size_t grown = largest_micro_batch(r[0]);
+  CHECK(grown > 8);
+  CHECK(grown < 64);  // the budget, not the rank's share of the global batch, stopped it
+
+  // Rank 1 holds 1 MiB more: its smaller micro-batch is the one both ranks run, and rank 0
+  // stays below its budget by what it does not use.
+  cfg = adaptive_config("ranks-ballast");
+  cfg.world_size = 2;
+  cfg.batch_size_per_gpu = 4;
+  cfg.gradient_accumulation_steps = 16;
+  cfg.memory_budget_mb = 3;
+  const std::vector<run_record> b = run_two_ranks<strata::batch::adaptive>(cfg, 1 << 20);
+  check_same_training(b[0], reference);
+  REQUIRE(b[0].steps.size() == b[1].steps.size());
+  for (std::size_t i = 0; i < b[0].steps.size(); ++i) {
+    INFO("step ", i);
+    CHECK(b[0].steps[i].micro_batch == b[1].steps[i].micro_batch);
+    CHECK(b[1].steps[i].peak_bytes <= budget);
+  }
+  CHECK(largest_micro_batch(b[0]) < grown);
+  CHECK(b[0].steps.back().peak_bytes + (std::size_t{1} << 19) < budget);
 }
