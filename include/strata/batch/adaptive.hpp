@@ -203,7 +203,8 @@ concept memory_monitor = requires(M& m) {
 };
 
 // A memory_monitor over a memory_tracker, e.g. tracker_monitor(strata::host{}.memory(), budget).
-// Its budget is the tracker's when set, else `fallback_budget`.
+// Its budget is the tracker's when set, else `fallback_budget`. It keeps a reference: inside a
+// host_account (a thread rank), it must not outlive the account.
 class tracker_monitor {
  public:
   explicit tracker_monitor(memory_tracker& tracker, std::size_t fallback_budget = 0) noexcept

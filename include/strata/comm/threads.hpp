@@ -1241,9 +1241,9 @@ class threads {
 
   // Runs fn(comm) on n ranks, one thread each, and joins them all. When a rank failed, rethrows
   // the root cause: the first rank's error that is not an echo of another's (peer_failed,
-  // aborted). Each rank's thread runs inside a host_account of its own ("host:rank<r>"), so
-  // host{}.memory() on a rank counts (and budgets) that rank's allocations, like a GPU's
-  // tracker; the process tracker still counts them all.
+  // aborted). Each rank's thread runs inside a host_account of its own ("host:rank<r>", inside
+  // the caller's account if it has one), so host{}.memory() on a rank counts (and budgets) that
+  // rank's allocations, like a GPU's tracker; the process tracker still counts them all.
   template <class F>
   static void run(int n, F&& fn, comm_config config = {}) {
     std::shared_ptr<detail::world_state> world;
@@ -1296,9 +1296,11 @@ class threads {
   const comm_config& config() const noexcept { return core_->config(); }
   // Every rank is a thread of this process, so all of them share its CPUs
   // (comm::ranks_sharing_cpus).
-  int ranks_sharing_cpus() const noexcept { return size(); }
+  int ranks_sharing_cpus() const noexcept { return world_size(); }
   // ... and its memory (comm::ranks_sharing_memory).
-  int ranks_sharing_memory() const noexcept { return size(); }
+  int ranks_sharing_memory() const noexcept { return world_size(); }
+  // The ranks of this communicator's threads::run (size() of a split is its group's).
+  int world_size() const noexcept { return core_->group()->world->size(); }
   // This rank's index among all the ranks of its threads::run.
   int world_rank() const noexcept { return core_->world_rank(); }
   // The last operations of this rank on this communicator, oldest first.
@@ -1500,12 +1502,13 @@ class threads {
     std::iota(ranks.begin(), ranks.end(), 0);
     auto group = std::make_shared<detail::group_state>(world, std::move(ranks));
     std::vector<std::exception_ptr> outcomes(static_cast<std::size_t>(n));
+    const host caller;  // the ranks' accounts sit inside the caller's (if it has one)
     const auto body = [&](int r) {
       std::optional<host_account> memory;
       std::optional<threads> comm;
       std::exception_ptr outcome;
       try {
-        memory.emplace("host:rank" + std::to_string(r));
+        memory.emplace("host:rank" + std::to_string(r), caller);
         comm.emplace(threads(std::make_shared<detail::threads_core>(group, r, config)));
         fn(*comm);
       } catch (const killed&) {

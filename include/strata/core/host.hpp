@@ -4,6 +4,7 @@
 // The host execution space and buffer<T, Space>, an owning, aligned, accounted array in any
 // execution space.
 
+#include <cassert>
 #include <charconv>
 #include <cstddef>
 #include <cstring>
@@ -143,6 +144,10 @@ class host {
   host() noexcept
       : account_(detail::current_host_account()),
         tracker_(account_ ? account_.get() : &detail::host_tracker()) {}
+  // Copies only: a moved-from value must still account where it did.
+  host(const host&) noexcept = default;
+  host& operator=(const host&) noexcept = default;
+  ~host() = default;
 
   std::string_view name() const noexcept { return "host"; }
 
@@ -217,10 +222,13 @@ class host {
 
   void synchronize() const noexcept {}
 
-  // All host values are the same memory, whichever tracker accounts it.
+  // All host values are the same memory (copies between them are plain memcpy), whichever
+  // tracker accounts it: equality does not compare accounts (memory() does).
   bool operator==(const host&) const noexcept { return true; }
 
  private:
+  friend class host_account;
+
   std::shared_ptr<memory_tracker> account_;  // keeps an account's tracker alive; null: process
   memory_tracker* tracker_;
 };
@@ -240,15 +248,25 @@ class host {
 //
 // Scoped: accounts on one thread end in the reverse order of their start, on that thread.
 // Memory allocated inside outlives the account safely: its tracker lives until the last buffer
-// made with it is gone (and with it the account's own budget), freed by any thread.
+// (or host value) made with it is gone, freed by any thread. A reference from memory() lives as
+// long as the account or such a value: a tracker_monitor over it must not outlive both.
 class host_account {
  public:
-  explicit host_account(std::string space)
+  explicit host_account(std::string space) : host_account(std::move(space), host{}) {}
+  // The same, inside the account `enclosing` accounts in (the process tracker when it has
+  // none) instead of this thread's: a thread started for someone else's work can count in
+  // theirs (comm::threads::run puts each rank inside the caller's account).
+  host_account(std::string space, const host& enclosing)
       : previous_(detail::current_host_account()),
-        tracker_(std::make_shared<detail::account_tracker>(std::move(space), previous_)) {
+        tracker_(std::make_shared<detail::account_tracker>(std::move(space), enclosing.account_)) {
     detail::current_host_account() = tracker_;
   }
-  ~host_account() { detail::current_host_account() = std::move(previous_); }
+  // Ends on the thread that started it, after every account started inside it has ended.
+  ~host_account() {
+    assert(detail::current_host_account() == tracker_ &&
+           "host_account: accounts end in reverse order, on the thread that started them");
+    detail::current_host_account() = std::move(previous_);
+  }
 
   host_account(const host_account&) = delete;
   host_account& operator=(const host_account&) = delete;

@@ -2,10 +2,10 @@
 #pragma once
 
 // Memory accounting. Every execution space owns a memory_tracker (one per process for the host,
-// one per device for CUDA) that counts the bytes its allocations hold, their peak, and an
-// optional budget. A reservation that would exceed the budget throws memory_error before any
-// memory is touched, so a caller (the adaptive batch policy, the tuner) can catch it and retry
-// with less; the tracker is left exactly as it was.
+// plus one per host_account; one per device for CUDA) that counts the bytes its allocations hold,
+// their peak, and an optional budget. A reservation that would exceed the budget throws
+// memory_error before any memory is touched, so a caller (the adaptive batch policy, the tuner) can
+// catch it and retry with less; the tracker is left exactly as it was.
 //
 // A tracker may have a parent: what it reserves is reserved in the parent too, under both
 // budgets. strata::host_account (core/host.hpp) uses this to give each thread rank of

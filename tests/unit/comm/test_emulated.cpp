@@ -444,7 +444,8 @@ TEST_CASE("split keeps the link, with_link changes it for hierarchical setups") 
                              same.bytes_sent() == 0;
     mine.values_ok = group.size() == 2 && group_sum && v[0] == 2 * (2 + 4) &&
                      c.link_model().name == "slow" && tally_before && tally_after &&
-                     c.ranks_sharing_cpus() == n && group.ranks_sharing_cpus() == 2;  // threads
+                     c.ranks_sharing_cpus() == n &&
+                     group.ranks_sharing_cpus() == n;  // threads: every rank of the run
   });
   // 1 int64 on 2 ranks: 8 bytes, 2 steps on the fast link.
   const double want = modelled_transfer(fast, op_kind::all_reduce, 1, dtype::int64, 2).seconds;

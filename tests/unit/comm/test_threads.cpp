@@ -1082,14 +1082,27 @@ TEST_CASE("threads: each rank accounts its host memory apart, inside the process
     c.barrier();
     own[r] = mine.stats().in_use - start;
     all[r] = process.stats().in_use;
-    if (r == 0) {
-      const strata::scoped_budget limit(mine, mine.stats().in_use + 1024);
-      CHECK_THROWS_WITH_AS(strata::buffer<std::byte>(4096), doctest::Contains("host:rank0"),
-                           strata::memory_error);
+    {
+      // Rank 0's budget holds while every other rank allocates past it.
+      std::optional<strata::scoped_budget> limit;
+      if (r == 0) {
+        limit.emplace(mine, mine.stats().in_use + 1024);
+      }
+      c.barrier();
+      if (r == 0) {
+        CHECK_THROWS_WITH_AS(strata::buffer<std::byte>(4096), doctest::Contains("host:rank0"),
+                             strata::memory_error);
+      } else {
+        const strata::buffer<std::byte> more(4096);
+        CHECK(mine.stats().in_use == start + ((r + 1) << 16) + 4096);
+      }
+      c.barrier();
     }
-    c.barrier();
-    const strata::buffer<std::byte> more(4096);  // the other ranks never saw rank 0's budget
-    c.barrier();
+    // A split communicator's ranks still share the process with every rank of the run.
+    threads half = c.split(c.rank() % 2, c.rank());
+    CHECK(half.size() < 3);
+    CHECK(half.ranks_sharing_memory() == 3);
+    CHECK(half.ranks_sharing_cpus() == 3);
   });
   CHECK(names == std::array<std::string, 3>{"host:rank0", "host:rank1", "host:rank2"});
   CHECK(own == std::array<std::size_t, 3>{1 << 16, 2 << 16, 3 << 16});
@@ -1097,4 +1110,22 @@ TEST_CASE("threads: each rank accounts its host memory apart, inside the process
     CHECK(seen >= before + (6 << 16));
   }
   CHECK(process.stats().in_use == before);
+}
+
+TEST_CASE("threads: the ranks' accounts sit inside the caller's account") {
+  strata::host_account outer("host:outer");
+  std::array<const strata::memory_tracker*, 2> parents{};
+  threads::run(2, [&](threads& c) {
+    const strata::buffer<std::byte> held(4096);
+    parents[static_cast<std::size_t>(c.rank())] = strata::host{}.memory().parent();
+    c.barrier();
+    if (c.rank() == 0) {
+      CHECK(outer.memory().stats().in_use == 2 * 4096);
+    }
+    c.barrier();
+  });
+  CHECK(parents[0] == &outer.memory());
+  CHECK(parents[1] == &outer.memory());
+  CHECK(outer.memory().stats().in_use == 0);
+  CHECK(outer.memory().stats().peak == 2 * 4096);
 }
