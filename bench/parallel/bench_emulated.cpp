@@ -44,6 +44,10 @@
 //    when the later rank issues the all-reduce and, on 2 cores, can keep that rank's own thread
 //    off the CPU for a few ms while the modelled link is already busy; that time counts as
 //    compute.
+//    Last line: the same (a) / (b) for the MLP with parallel::data<hierarchical> on 4 ranks in
+//    groups of 2 (global batch 256, every link ethernet_10g): with buckets, each goes through
+//    the three stages (reduce inside the group, all-reduce across, broadcast inside) while
+//    backward goes on.
 //
 // 2. Hierarchy (no training). 4 ranks, one all-reduce (sum) of the MLP's gradient (its
 //    parameter count of float32), median time over --iters iterations after --warmup:
@@ -436,21 +440,26 @@ struct overlap_row {
   training_result overlapped{};  // (b) buckets of 1 MiB
 };
 
-template <class MakeModel, class Augment>
+// `tune` adjusts the configuration (the hierarchical row: 4 ranks in groups of 2).
+template <class Policy = sp::data<>, class MakeModel, class Augment>
 overlap_row overlap_for(const std::string& name, const options& o, bool cnn, MakeModel&& make_model,
-                        const Augment& augment, const fashion_mnist& data) {
+                        const Augment& augment, const fashion_mnist& data,
+                        const std::function<void(sc::train_config&)>& tune = {}) {
   // The rounds alternate (a) and (b), so that a change in the machine's load during the run
   // falls on both.
   const std::size_t steps = (default_steps(o, cnn) + o.rounds - 1) / o.rounds;
   const training_settings settings{.link = scomm::network_link::ethernet_10g(), .warmup = o.warmup};
   auto cfg = training_config(o, steps);
+  if (tune) {
+    tune(cfg);
+  }
   std::vector<training_result> serial;
   std::vector<training_result> overlapped;
   for (std::size_t round = 0; round < o.rounds; ++round) {
     cfg.bucket_size_mb = one_bucket_mb;
-    serial.push_back(run_training<sp::data<>>(make_model, cfg, augment, data, settings));
+    serial.push_back(run_training<Policy>(make_model, cfg, augment, data, settings));
     cfg.bucket_size_mb = small_bucket_mb;
-    overlapped.push_back(run_training<sp::data<>>(make_model, cfg, augment, data, settings));
+    overlapped.push_back(run_training<Policy>(make_model, cfg, augment, data, settings));
   }
   overlap_row row{.model = name};
   row.serial = combine(serial);
@@ -526,10 +535,40 @@ json run_overlap(const options& o, const fashion_mnist& data) {
                         {"one_bucket", to_json(r.serial)},
                         {"buckets_1mib", to_json(r.overlapped)}});
   }
+  // data<hierarchical> on 4 ranks in groups of 2, every link 10 GbE: the three stages of each
+  // bucket (reduce inside the group, all-reduce across, broadcast inside) while backward goes on.
+  const overlap_row h = overlap_for<sp::data<sp::hierarchical>>(
+      "MLP", o, false, make_mlp, mlp_augmentation(), data, [](sc::train_config& cfg) {
+        cfg.world_size = 4;
+        cfg.batch_size_per_gpu = static_cast<std::int64_t>(global_batch) / 4;
+        cfg.gradient_sync = sc::gradient_sync_kind::hierarchical;
+        cfg.hierarchy_group_size = 2;
+      });
+  const double h_hidden = 1.0 - h.overlapped.comm_seconds / h.serial.comm_seconds;
+  const double h_hidden_late =
+      1.0 - h.overlapped.comm_seconds_late_rank / h.serial.comm_seconds_late_rank;
+  std::printf(
+      "# MLP, data<hierarchical>, 4 ranks in groups of 2, all links %s: exposed %.2f ms with one "
+      "bucket, %.2f ms with %zu buckets of 1 MiB: hidden share %.1f%% (later rank: %.2f -> %.2f "
+      "ms, %.1f%%); compute %.1f / %.1f ms; samples/s %.0f -> %.0f (%.2fx)\n",
+      link.name.c_str(), h.serial.comm_seconds * 1e3, h.overlapped.comm_seconds * 1e3,
+      h.overlapped.buckets.size(), 100.0 * h_hidden, h.serial.comm_seconds_late_rank * 1e3,
+      h.overlapped.comm_seconds_late_rank * 1e3, 100.0 * h_hidden_late,
+      h.serial.compute_seconds * 1e3, h.overlapped.compute_seconds * 1e3,
+      h.serial.samples_per_second, h.overlapped.samples_per_second,
+      h.overlapped.samples_per_second / h.serial.samples_per_second);
+  json hierarchical{{"model", "MLP"},
+                    {"ranks", 4},
+                    {"group_size", 2},
+                    {"hidden_share", h_hidden},
+                    {"hidden_share_late_rank", h_hidden_late},
+                    {"one_bucket", to_json(h.serial)},
+                    {"buckets_1mib", to_json(h.overlapped)}};
   return json{{"link", link.name},
               {"global_batch", global_batch},
               {"rounds", o.rounds},
-              {"rows", out_rows}};
+              {"rows", out_rows},
+              {"hierarchical", hierarchical}};
 }
 
 // ---- section 2: hierarchy -----------------------------------------------------------------------

@@ -234,11 +234,17 @@ TEST_CASE("top-k with ratio 1 over MPI trains like one process, by all-gather an
       });
 }
 
-TEST_CASE("the hierarchical all-reduce over MPI trains like one process") {
+TEST_CASE("the hierarchical all-reduce over MPI trains like one process, in buckets or not") {
   namespace par = strata::parallel;
   check_against_one_process<par::data<par::hierarchical>>("hierarchical", [](auto& cfg) {
     cfg.gradient_sync = strata::config::gradient_sync_kind::hierarchical;
     cfg.hierarchy_group_size = 2;  // 2 processes: one group; 4: two groups of 2
+  });
+  // Non-blocking buckets: the three stages move on from polls during backward and finish().
+  check_against_one_process<par::data<par::hierarchical>>("hierarchical-async", [](auto& cfg) {
+    cfg.gradient_sync = strata::config::gradient_sync_kind::hierarchical;
+    cfg.hierarchy_group_size = 2;
+    cfg.bucket_launch = strata::config::bucket_launch_kind::async;
   });
 }
 

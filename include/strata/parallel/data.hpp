@@ -31,13 +31,16 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
+#include "strata/comm/algorithms.hpp"
 #include "strata/comm/any_comm.hpp"
 #include "strata/comm/types.hpp"
 #include "strata/core/dtype.hpp"
@@ -52,12 +55,14 @@ struct all_reduce {
   static constexpr std::string_view name = "all_reduce";
 };
 
-// Gradient synchronisation of parallel::data: average by the hierarchical all-reduce of
-// comm/algorithms.hpp over groups of hierarchy_group_size consecutive ranks (reduce-scatter inside
-// the group, all-reduce of each share across the groups, all-gather inside), once the step's
-// backward is done (not overlapped). Pays off when the links between groups are the slow ones.
-// With compress::cast<T> the gradients travel as T at every hop (each hop adds in float and
-// rounds its partial sum to T), half the bytes on the slow links too.
+// Gradient synchronisation of parallel::data: a hierarchical average over groups of
+// hierarchy_group_size consecutive ranks (reduce inside the group, all-reduce of each share across
+// the groups, broadcast inside). Pays off when the links between groups are the slow ones. With
+// groups of equal size it runs per bucket, overlapped with backward like all_reduce: bucket_reducer
+// takes each bucket through the three stages as backward completes it. Groups of unequal size
+// (hierarchy_group_size not dividing world_size) use comm::hierarchical_all_reduce once backward
+// is done. With compress::cast<T> the gradients travel as T at every hop (each hop adds in float
+// and rounds to T), half the bytes on the slow links too.
 struct hierarchical {
   static constexpr std::string_view name = "hierarchical";
 };
@@ -346,8 +351,29 @@ class bucket_reducer {
     }
   }
 
+  // Hierarchical buckets (parallel::hierarchical over groups of equal size): each bucket is cut
+  // into g = h.local().size() parts and averaged in three stages: A, part j reduced (average) to
+  // local rank j; B, this rank's part averaged across the groups (h.cross()); C, part j
+  // broadcast from local rank j. A bucket's next stage starts once its current one is complete
+  // and every earlier bucket has started it, so each communicator (A and C run on two of their
+  // own) sees the same operations in the same order on every rank. Stages move on from poll(),
+  // which the reports from backward call, and from finish(). Blocking: the three stages run
+  // inside the launch. Collective over h.local() (one split).
+  bucket_reducer(comm::hierarchy<comm::any_comm>& h, std::vector<grad_bucket> buckets,
+                 dtype storage = dtype::float32, dtype wire = dtype::float32, bool blocking = false)
+      : bucket_reducer(h.local(), std::move(buckets), storage, wire, 0, blocking) {
+    if (!h.uniform()) {
+      throw std::invalid_argument(
+          "bucket_reducer: hierarchical buckets need groups of equal size (hierarchy::uniform)");
+    }
+    cross_ = h.cross();
+    share_ = comm_->split(0, comm_->rank());
+    polls_ = !blocking;
+  }
+
   dtype wire() const noexcept { return wire_; }
   bool blocking() const noexcept { return blocking_; }
+  bool hierarchical() const noexcept { return cross_.has_value(); }
 
   const std::vector<grad_bucket>& buckets() const noexcept { return buckets_; }
 
@@ -374,6 +400,7 @@ class bucket_reducer {
     polled_ = 0;
     requests_.clear();
     launched_.clear();
+    staged_.clear();
   }
 
   // Every group >= `group` is complete: start each bucket that is now whole.
@@ -403,20 +430,44 @@ class bucket_reducer {
   // each report there; elsewhere it only looks. A reduction that failed throws its comm_error
   // here, so on such a backend it can come out of backward (from the layer's report) rather
   // than from finish(); either way the step is lost.
+  // Hierarchical buckets: moves each bucket's stages on as far as they can go, and returns how
+  // many buckets are done.
   std::size_t poll() {
+    if (hierarchical()) {
+      advance();
+      std::size_t done = 0;
+      while (done < staged_.size() && staged_[done].stage == stage_done) {
+        ++done;
+      }
+      return done;
+    }
     while (polled_ < requests_.size() && requests_[polled_].test()) {
       ++polled_;
     }
     return polled_;
   }
 
-  // The non-blocking reductions started so far this step.
-  std::size_t reductions() const noexcept { return requests_.size(); }
+  // The non-blocking reductions started so far this step (hierarchical: the buckets).
+  std::size_t reductions() const noexcept {
+    return hierarchical() ? staged_.size() : requests_.size();
+  }
 
   // Starts the buckets not started yet and waits for all (the trainer times this itself).
   void finish() {
     while (next_ < buckets_.size()) {
       launch(next_++);
+    }
+    // Hierarchical: wait for the oldest bucket's stage in flight, then move every bucket on.
+    for (std::size_t first = 0; first < staged_.size();) {
+      advance();
+      while (first < staged_.size() && staged_[first].stage == stage_done) {
+        ++first;
+      }
+      if (first < staged_.size()) {
+        for (auto& r : staged_[first].pending) {
+          r.wait();
+        }
+      }
     }
     for (auto& r : requests_) {
       r.wait();
@@ -487,9 +538,112 @@ class bucket_reducer {
     launched_.push_back(b);
   }
 
-  // Averages `count` elements in place: now (blocking) or by a request finish() waits for.
-  void all_reduce(void* data, std::size_t count, dtype type) {
+  // ---- hierarchical buckets ----
+
+  static constexpr int stage_done = 3;
+
+  struct staged_bucket {
+    std::byte* data = nullptr;  // the bucket's values in the wire type
+    std::size_t count = 0;
+    dtype type = dtype::float32;
+    int stage = -1;  // -1: not started; 0, 1, 2: A, B, C in flight; stage_done
+    std::vector<comm::any_comm::request> pending{};
+  };
+
+  // Part j of a bucket of `count` elements over g local ranks: [offset, offset + length).
+  std::pair<std::size_t, std::size_t> part(std::size_t count, int j) const noexcept {
+    const auto g = static_cast<std::size_t>(comm_->size());
+    const std::size_t base = count / g;
+    const std::size_t rest = count % g;
+    const auto i = static_cast<std::size_t>(j);
+    return {i * base + std::min(i, rest), base + (i < rest ? 1 : 0)};
+  }
+
+  // Starts stage `s` of bucket `e` (blocking: runs it).
+  void start_stage(staged_bucket& e, int s) {
+    e.stage = s;
+    e.pending.clear();
+    if (s == stage_done) {
+      return;
+    }
+    const std::size_t width = size_of(e.type);
+    const auto at = [&](std::size_t offset) { return e.data + offset * width; };
+    const int g = comm_->size();
+    if (s == 1) {
+      const auto [offset, length] = part(e.count, comm_->rank());
+      if (blocking_) {
+        blocked([&] {
+          cross_->all_reduce(at(offset), at(offset), length, e.type, comm::reduce_op::avg);
+        });
+      } else {
+        e.pending.push_back(
+            cross_->all_reduce_async(at(offset), at(offset), length, e.type, comm::reduce_op::avg));
+      }
+      return;
+    }
+    for (int j = 0; j < g; ++j) {
+      const auto [offset, length] = part(e.count, j);
+      if (s == 0) {
+        if (blocking_) {
+          blocked([&] {
+            comm_->reduce(at(offset), at(offset), length, e.type, comm::reduce_op::avg, j);
+          });
+        } else {
+          e.pending.push_back(
+              comm_->reduce_async(at(offset), at(offset), length, e.type, comm::reduce_op::avg, j));
+        }
+      } else if (blocking_) {
+        blocked([&] { share_->broadcast(at(offset), length, e.type, j); });
+      } else {
+        e.pending.push_back(share_->broadcast_async(at(offset), length, e.type, j));
+      }
+    }
+  }
+
+  // Starts bucket `data` through the stages (blocking: all three now).
+  void launch_staged(void* data, std::size_t count, dtype type) {
+    staged_bucket& e = staged_.emplace_back(
+        staged_bucket{.data = static_cast<std::byte*>(data), .count = count, .type = type});
     if (blocking_) {
+      for (int s = 0; s <= stage_done; ++s) {
+        start_stage(e, s);
+      }
+      return;
+    }
+    advance();
+  }
+
+  // Moves every bucket whose stage in flight is complete to its next stage, in bucket order: a
+  // bucket never starts a stage before every earlier bucket has started it.
+  void advance() {
+    for (;;) {
+      bool moved = false;
+      int previous = stage_done;
+      for (staged_bucket& e : staged_) {
+        if (e.stage < stage_done) {
+          bool complete = true;
+          for (auto& r : e.pending) {
+            complete = r.test() && complete;
+          }
+          if (complete && e.stage + 1 <= previous) {
+            start_stage(e, e.stage + 1);
+            moved = true;
+          }
+        }
+        previous = e.stage;
+      }
+      if (!moved) {
+        return;
+      }
+    }
+  }
+
+  // Averages `count` elements in place: now (blocking) or by a request finish() waits for
+  // (hierarchical: through the stages).
+  void all_reduce(void* data, std::size_t count, dtype type) {
+    if (hierarchical()) {
+      launch_staged(data, count, type);
+    } else if (blocking_) {
       blocked([&] { comm_->all_reduce(data, data, count, type, comm::reduce_op::avg); });
     } else {
       requests_.push_back(comm_->all_reduce_async(data, data, count, type, comm::reduce_op::avg));
@@ -526,6 +680,9 @@ class bucket_reducer {
   std::size_t polled_ = 0;  // requests_[0, polled_) are complete
   std::vector<comm::any_comm::request> requests_{};
   std::vector<std::size_t> launched_{};
+  std::optional<comm::any_comm> cross_{};  // hierarchical: stage B, across the groups
+  std::optional<comm::any_comm> share_{};  // hierarchical: stage C (A runs on comm_)
+  std::deque<staged_bucket> staged_{};     // hierarchical: this step's buckets, launch order
 };
 
 }  // namespace strata::parallel

@@ -188,7 +188,8 @@ class trainer {
   static constexpr bool distributed = parallel::is_data_parallel<parallel_policy>;
   // parallel::zero1: the optimizer state is sharded over the ranks.
   static constexpr bool sharded = std::is_same_v<parallel_policy, parallel::zero1>;
-  // parallel::data<hierarchical>: the gradients go through the hierarchical all-reduce.
+  // parallel::data<hierarchical>: the gradients are averaged inside groups, then across them
+  // (per bucket, overlapped with backward, when the groups have equal size).
   static constexpr bool hierarchical = parallel::is_hierarchical<parallel_policy>;
   // parallel::data<parameter_server>: gradients pushed to the servers, parameters pulled back.
   static constexpr bool ps = parallel::is_parameter_server<parallel_policy>;
@@ -197,8 +198,10 @@ class trainer {
   // The optimizer state is sharded: zero1 over every rank, parameter_server over its servers.
   static constexpr bool state_sharded = sharded || ps;
   // parallel::data<all_reduce, ...>: buckets all-reduced as backward completes them;
-  // parallel::zero1: buckets reduced to the ranks that own their shards, likewise.
-  static constexpr bool bucketed = distributed && !ps && !hierarchical && !topk;
+  // parallel::zero1: buckets reduced to the ranks that own their shards, likewise;
+  // parallel::data<hierarchical>: buckets taken through the hierarchical stages, likewise (with
+  // groups of equal size; else the whole gradient once backward is done).
+  static constexpr bool bucketed = distributed && !ps && !topk;
 
  public:
   using model_type = Model;
@@ -414,18 +417,28 @@ class trainer {
                                                   : comm::detail::default_group_size(comm_->size());
       groups.emplace(comm::make_hierarchy(*comm_, g));
     }
-    // The gradients in the 16-bit wire type of compress::cast<T> (empty without one).
+    // The hierarchical stages run per bucket over groups of equal size only.
+    bool in_buckets = bucketed;
+    if constexpr (hierarchical) {
+      in_buckets = groups->uniform();
+    }
+    // The gradients in the 16-bit wire type of compress::cast<T> (empty without one), for the
+    // hierarchical all-reduce of the whole gradient.
     constexpr dtype wire = parallel::wire_dtype<parallel_policy>;
-    buffer<std::uint16_t> hierarchy_wire(
-        hierarchical && wire != dtype::float32 ? compute_params().grads().size() : 0);
+    buffer<std::uint16_t> hierarchy_wire(hierarchical && !in_buckets && wire != dtype::float32
+                                             ? compute_params().grads().size()
+                                             : 0);
     parallel::bucket_reducer reducer;
-    if constexpr (bucketed) {
-      reducer = parallel::bucket_reducer(
-          *comm_,
-          parallel::make_buckets(compute_params(), static_cast<std::size_t>(cfg_.bucket_size_mb)
-                                                       << 20),
-          compute_dtype, parallel::wire_dtype<parallel_policy>, sharded ? shard_size() : 0,
-          blocking_buckets());
+    if (in_buckets) {
+      std::vector<parallel::grad_bucket> buckets = parallel::make_buckets(
+          compute_params(), static_cast<std::size_t>(cfg_.bucket_size_mb) << 20);
+      if constexpr (hierarchical) {
+        reducer = parallel::bucket_reducer(*groups, std::move(buckets), compute_dtype, wire,
+                                           blocking_buckets());
+      } else {
+        reducer = parallel::bucket_reducer(*comm_, std::move(buckets), compute_dtype, wire,
+                                           sharded ? shard_size() : 0, blocking_buckets());
+      }
     }
     auto work = adapts ? typename Model::workspace_type{}
                        : training_workspace(static_cast<std::size_t>(cfg_.batch_size_per_gpu));
@@ -466,7 +479,7 @@ class trainer {
             // Only the step's last micro-batch communicates, overlapped with its backward.
             const bool last = m + 1 == micro;
             part = micro_step(*b, work, grad_logits, classes, grad_scale,
-                              bucketed && last ? &reducer : nullptr);
+                              in_buckets && last ? &reducer : nullptr);
           }
           loss.loss_sum += part.loss_sum;
           loss.correct += part.correct;
@@ -477,7 +490,22 @@ class trainer {
         if constexpr (distributed) {
           const auto comm_begin = clock::now();
           double blocked_in_backward = 0.0;
-          if constexpr (hierarchical) {
+          // The buckets: those backward has not started yet start now; wait for all.
+          const auto finish_buckets = [&] {
+            if constexpr (adapts) {
+              // The adaptive step may re-run micro-batches after an allocation failure, so its
+              // gradients go out only once all of them are done.
+              reducer.begin(compute_params().grads());
+            }
+            // Buckets reduced by blocking calls inside backward: their time is communication,
+            // not compute (those that finish() starts fall in this window anyway).
+            blocked_in_backward = reducer.blocked_seconds();
+            compute -= blocked_in_backward;
+            reducer.finish();
+          };
+          if (in_buckets) {
+            finish_buckets();
+          } else if constexpr (hierarchical) {
             const std::span<float> grads = compute_params().grads();
             if constexpr (wire == dtype::float32) {
               comm::hierarchical_all_reduce(*groups, grads, comm::reduce_op::avg);
@@ -539,17 +567,6 @@ class trainer {
                 ps_->push(grads);
               }
             }
-          } else {
-            if constexpr (adapts) {
-              // The adaptive step may re-run micro-batches after an allocation failure, so its
-              // gradients go out only once all of them are done.
-              reducer.begin(compute_params().grads());
-            }
-            // Buckets reduced by blocking calls inside backward: their time is communication,
-            // not compute (those that finish() starts fall in this window anyway).
-            blocked_in_backward = reducer.blocked_seconds();
-            compute -= blocked_in_backward;
-            reducer.finish();
           }
           if constexpr (mixed) {
             round_through(compute_params().grads(), compute_dtype);  // the average, stored in T
@@ -1024,8 +1041,8 @@ class trainer {
       }
       if (!bucketed && cfg_.bucket_launch != d.bucket_launch) {
         refuse("bucket_launch",
-               "bucket_launch configures the gradient buckets of parallel::data<all_reduce> and "
-               "parallel::zero1; the trainer's parallel policy is " +
+               "bucket_launch configures the gradient buckets of parallel::data<all_reduce>, "
+               "data<hierarchical> and parallel::zero1; the trainer's parallel policy is " +
                    std::string(parallel_policy::name) + ", which has none");
       }
     }
