@@ -47,7 +47,11 @@
 //    Last line: the same (a) / (b) for the MLP with parallel::data<hierarchical> on 4 ranks in
 //    groups of 2 (global batch 256, every link ethernet_10g): with buckets, each goes through
 //    the three stages (reduce inside the group, all-reduce across, broadcast inside) while
-//    backward goes on.
+//    backward goes on; and (c) bucket_launch = blocking, which sends the whole gradient through
+//    comm::hierarchical_all_reduce (rings) after backward, the path before buckets. Bytes count
+//    the split communicators too (bytes_sent_with_splits). emulated books a reduce or broadcast
+//    as the whole part on every rank (its cost table), more than the ring's (g - 1) / g, and the
+//    stage-C split has its own link clock: compare (b) with (c) on samples/s.
 //
 // 2. Hierarchy (no training). 4 ranks, one all-reduce (sum) of the MLP's gradient (its
 //    parameter count of float32), median time over --iters iterations after --warmup:
@@ -322,20 +326,20 @@ training_result run_training(MakeModel&& make_model, sc::train_config cfg, const
     trainer.on_step([&](const st::step_metrics& m) {
       if (m.step + 1 == settings.warmup) {
         begin = clock_type::now();
-        bytes_begin = link.bytes_sent();
+        bytes_begin = link.bytes_sent_with_splits();
       } else if (m.step >= settings.warmup) {
         samples += m.samples;
         end = clock_type::now();
-        bytes_end = link.bytes_sent();
+        bytes_end = link.bytes_sent_with_splits();
         compute[me].push_back(m.compute_seconds);
         comm[me].push_back(m.comm_seconds);
       }
     });
-    const std::uint64_t bytes_before = link.bytes_sent();
+    const std::uint64_t bytes_before = link.bytes_sent_with_splits();
     const st::fit_summary summary =
         trainer.fit(data.train, augment, data.test, sd::fashion_mnist_normalize());
     if (me == 0) {
-      result.bytes_sent = link.bytes_sent() - bytes_before;
+      result.bytes_sent = link.bytes_sent_with_splits() - bytes_before;
       // The timed steps' own traffic (evaluation and checkpoints happen between them).
       const std::size_t timed = compute[0].size();
       result.bytes_per_step = timed == 0 ? 0 : (bytes_end - bytes_begin) / timed;
@@ -537,33 +541,55 @@ json run_overlap(const options& o, const fashion_mnist& data) {
   }
   // data<hierarchical> on 4 ranks in groups of 2, every link 10 GbE: the three stages of each
   // bucket (reduce inside the group, all-reduce across, broadcast inside) while backward goes on.
+  const auto four_ranks = [](sc::train_config& cfg) {
+    cfg.world_size = 4;
+    cfg.batch_size_per_gpu = static_cast<std::int64_t>(global_batch) / 4;
+    cfg.gradient_sync = sc::gradient_sync_kind::hierarchical;
+    cfg.hierarchy_group_size = 2;
+  };
   const overlap_row h = overlap_for<sp::data<sp::hierarchical>>(
-      "MLP", o, false, make_mlp, mlp_augmentation(), data, [](sc::train_config& cfg) {
-        cfg.world_size = 4;
-        cfg.batch_size_per_gpu = static_cast<std::int64_t>(global_batch) / 4;
-        cfg.gradient_sync = sc::gradient_sync_kind::hierarchical;
-        cfg.hierarchy_group_size = 2;
-      });
+      "MLP", o, false, make_mlp, mlp_augmentation(), data, four_ranks);
+  // (c) the whole gradient through hierarchical_all_reduce (rings over point-to-point) after
+  // backward: what bucket_launch = blocking (and auto over MPI) runs.
+  std::vector<training_result> whole_runs;
+  {
+    const std::size_t steps = (default_steps(o, false) + o.rounds - 1) / o.rounds;
+    auto cfg = training_config(o, steps);
+    four_ranks(cfg);
+    cfg.bucket_launch = sc::bucket_launch_kind::blocking;
+    for (std::size_t round = 0; round < o.rounds; ++round) {
+      whole_runs.push_back(run_training<sp::data<sp::hierarchical>>(
+          make_mlp, cfg, mlp_augmentation(), data,
+          {.link = scomm::network_link::ethernet_10g(), .warmup = o.warmup}));
+    }
+  }
+  const training_result whole = combine(whole_runs);
   const double h_hidden = 1.0 - h.overlapped.comm_seconds / h.serial.comm_seconds;
   const double h_hidden_late =
       1.0 - h.overlapped.comm_seconds_late_rank / h.serial.comm_seconds_late_rank;
   std::printf(
-      "# MLP, data<hierarchical>, 4 ranks in groups of 2, all links %s: exposed %.2f ms with one "
-      "bucket, %.2f ms with %zu buckets of 1 MiB: hidden share %.1f%% (later rank: %.2f -> %.2f "
-      "ms, %.1f%%); compute %.1f / %.1f ms; samples/s %.0f -> %.0f (%.2fx)\n",
-      link.name.c_str(), h.serial.comm_seconds * 1e3, h.overlapped.comm_seconds * 1e3,
-      h.overlapped.buckets.size(), 100.0 * h_hidden, h.serial.comm_seconds_late_rank * 1e3,
-      h.overlapped.comm_seconds_late_rank * 1e3, 100.0 * h_hidden_late,
-      h.serial.compute_seconds * 1e3, h.overlapped.compute_seconds * 1e3,
-      h.serial.samples_per_second, h.overlapped.samples_per_second,
-      h.overlapped.samples_per_second / h.serial.samples_per_second);
+      "# MLP, data<hierarchical>, 4 ranks in groups of 2, all links %s (exposed / later rank "
+      "ms, samples/s, bytes sent per rank and step): (a) one bucket %.2f / %.2f, %.0f, %.2f MB; "
+      "(b) %zu buckets of 1 MiB %.2f / %.2f, %.0f, %.2f MB; (c) whole gradient by rings after "
+      "backward %.2f / %.2f, %.0f, %.2f MB. Hidden share (b) against (a) %.1f%% (later rank "
+      "%.1f%%); samples/s (b)/(a) %.2fx, (b)/(c) %.2fx\n",
+      link.name.c_str(), h.serial.comm_seconds * 1e3, h.serial.comm_seconds_late_rank * 1e3,
+      h.serial.samples_per_second, static_cast<double>(h.serial.bytes_per_step) / 1e6,
+      h.overlapped.buckets.size(), h.overlapped.comm_seconds * 1e3,
+      h.overlapped.comm_seconds_late_rank * 1e3, h.overlapped.samples_per_second,
+      static_cast<double>(h.overlapped.bytes_per_step) / 1e6, whole.comm_seconds * 1e3,
+      whole.comm_seconds_late_rank * 1e3, whole.samples_per_second,
+      static_cast<double>(whole.bytes_per_step) / 1e6, 100.0 * h_hidden, 100.0 * h_hidden_late,
+      h.overlapped.samples_per_second / h.serial.samples_per_second,
+      h.overlapped.samples_per_second / whole.samples_per_second);
   json hierarchical{{"model", "MLP"},
                     {"ranks", 4},
                     {"group_size", 2},
                     {"hidden_share", h_hidden},
                     {"hidden_share_late_rank", h_hidden_late},
                     {"one_bucket", to_json(h.serial)},
-                    {"buckets_1mib", to_json(h.overlapped)}};
+                    {"buckets_1mib", to_json(h.overlapped)},
+                    {"whole_gradient_rings", to_json(whole)}};
   return json{{"link", link.name},
               {"global_batch", global_batch},
               {"rounds", o.rounds},

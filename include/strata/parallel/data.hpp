@@ -58,10 +58,11 @@ struct all_reduce {
 // Gradient synchronisation of parallel::data: a hierarchical average over groups of
 // hierarchy_group_size consecutive ranks (reduce inside the group, all-reduce of each share across
 // the groups, broadcast inside). Pays off when the links between groups are the slow ones. With
-// groups of equal size it runs per bucket, overlapped with backward like all_reduce: bucket_reducer
-// takes each bucket through the three stages as backward completes it. Groups of unequal size
-// (hierarchy_group_size not dividing world_size) use comm::hierarchical_all_reduce once backward
-// is done. With compress::cast<T> the gradients travel as T at every hop (each hop adds in float
+// groups of equal size and non-blocking launches it runs per bucket, overlapped with backward like
+// all_reduce: bucket_reducer takes each bucket through the three stages as backward completes it.
+// Groups of unequal size (hierarchy_group_size not dividing world_size) and blocking launches
+// (bucket_launch = blocking; auto over MPI) use comm::hierarchical_all_reduce once backward is
+// done. With compress::cast<T> the gradients travel as T at every hop (each hop adds in float
 // and rounds to T), half the bytes on the slow links too.
 struct hierarchical {
   static constexpr std::string_view name = "hierarchical";

@@ -292,6 +292,8 @@ class trainer {
   std::uint64_t step() const noexcept { return step_; }
   // Whether the gradient buckets are reduced by blocking calls inside backward: bucket_launch,
   // with auto resolved for the backend (comm::nonblocking_progresses). False without buckets.
+  // parallel::data<hierarchical> uses buckets only when this is false (and its groups have
+  // equal size); else it reduces the whole gradient after backward.
   bool blocking_buckets() const noexcept {
     if constexpr (bucketed) {
       return cfg_.bucket_launch == config::bucket_launch_kind::blocking ||
@@ -417,10 +419,12 @@ class trainer {
                                                   : comm::detail::default_group_size(comm_->size());
       groups.emplace(comm::make_hierarchy(*comm_, g));
     }
-    // The hierarchical stages run per bucket over groups of equal size only.
+    // The hierarchical stages run per bucket, non-blocking, over groups of equal size; blocking
+    // launches (bucket_launch = blocking, or auto over MPI) and unequal groups take the whole
+    // gradient through hierarchical_all_reduce (rings over point-to-point) after backward.
     bool in_buckets = bucketed;
     if constexpr (hierarchical) {
-      in_buckets = groups->uniform();
+      in_buckets = groups->uniform() && !blocking_buckets();
     }
     // The gradients in the 16-bit wire type of compress::cast<T> (empty without one), for the
     // hierarchical all-reduce of the whole gradient.
