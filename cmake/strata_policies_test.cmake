@@ -56,7 +56,8 @@ check_within(zero1 loss 10)
 # smallest; the same global batches, so the same average gradient.
 run_case(adaptive --adaptive_batch true --memory_budget_mb 256)
 check_within(adaptive loss 10)
-run_case(adaptive_zero1 --adaptive_batch true --memory_budget_mb 256 --zero_stage 1)
+run_case(adaptive_zero1 --adaptive_batch true --memory_budget_mb 256 --adaptive_batch_max 8
+  --zero_stage 1)
 check_within(adaptive_zero1 loss 10)
 # The compressed ones.
 run_case(float16 --gradient_compression float16)

@@ -161,6 +161,33 @@ constexpr all_reduce_algorithm choose_all_reduce_algorithm(int ranks, std::size_
 template <class C>
 concept point_to_point_backend = comm_backend_identity<C> && comm_backend_point_to_point<C>;
 
+// `count` elements cut into `parts` contiguous pieces whose sizes differ by at most one (the
+// first count % parts pieces are one longer): how the ring algorithms, reduce_scatter and the
+// hierarchical stages cut a buffer over ranks.
+struct even_partition {
+  std::size_t count = 0;
+  int parts = 1;
+
+  std::size_t offset(int j) const noexcept {
+    const auto p = static_cast<std::size_t>(parts);
+    const auto u = static_cast<std::size_t>(j);
+    return u * (count / p) + std::min(u, count % p);
+  }
+  std::size_t length(int j) const noexcept { return offset(j + 1) - offset(j); }
+};
+
+// The group size hierarchical_all_reduce takes when none is configured: the largest divisor of
+// `ranks` not above its square root (4 -> 2, 6 -> 2, 9 -> 3, a prime -> 1).
+inline int default_group_size(int ranks) noexcept {
+  int best = 1;
+  for (int g = 1; g * g <= ranks; ++g) {
+    if (ranks % g == 0) {
+      best = g;
+    }
+  }
+  return best;
+}
+
 namespace detail {
 
 // The tags of the algorithms' phases, as offsets from all_reduce_config::tag.
@@ -182,20 +209,6 @@ inline int ring_index(int a, int n) noexcept {
   const int m = a % n;
   return m < 0 ? m + n : m;
 }
-
-// `count` elements cut into `parts` contiguous pieces whose sizes differ by at most one (the
-// first count % parts pieces are one longer).
-struct even_partition {
-  std::size_t count = 0;
-  int parts = 1;
-
-  std::size_t offset(int j) const noexcept {
-    const auto p = static_cast<std::size_t>(parts);
-    const auto u = static_cast<std::size_t>(j);
-    return u * (count / p) + std::min(u, count % p);
-  }
-  std::size_t length(int j) const noexcept { return offset(j + 1) - offset(j); }
-};
 
 // Requests of one algorithm run. wait(i) / wait_all() complete them in order; whatever is still
 // pending at destruction (an exception is unwinding) is waited for and its error dropped, so that
@@ -578,16 +591,6 @@ template <class C>
                    why);
 }
 
-inline int default_group_size(int ranks) noexcept {
-  int best = 1;
-  for (int g = 1; g * g <= ranks; ++g) {
-    if (ranks % g == 0) {
-      best = g;
-    }
-  }
-  return best;
-}
-
 }  // namespace detail
 
 // ---- flat algorithms over point-to-point --------------------------------------------------------
@@ -715,7 +718,7 @@ void hierarchical_all_reduce(hierarchy<C>& h, const void* send, void* recv, std:
   }
   detail::run_on_recv(send, recv, count, type, config, [&](void* data, dtype t) {
     if (h.uniform()) {
-      const detail::even_partition parts{.count = count, .parts = local.size()};
+      const even_partition parts{.count = count, .parts = local.size()};
       detail::ring_reduce_scatter_phase(local, data, parts, t, s.combine, config);
       const int own = detail::ring_index(local.rank() + 1, local.size());
       void* share = detail::element_at(data, parts.offset(own), size_of(t));
@@ -759,8 +762,7 @@ void all_reduce(C& c, const void* send, void* recv, std::size_t count, dtype typ
       recursive_halving_doubling_all_reduce(c, send, recv, count, type, op, config);
       return;
     case all_reduce_algorithm::hierarchical: {
-      const int g =
-          config.group_size > 0 ? config.group_size : detail::default_group_size(c.size());
+      const int g = config.group_size > 0 ? config.group_size : default_group_size(c.size());
       hierarchy<C> h = make_hierarchy(c, g);
       hierarchical_all_reduce(h, send, recv, count, type, op, config);
       return;

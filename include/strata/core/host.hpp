@@ -228,6 +228,7 @@ class host {
 
  private:
   friend class host_account;
+  friend class host_account_scope;
 
   std::shared_ptr<memory_tracker> account_;  // keeps an account's tracker alive; null: process
   memory_tracker* tracker_;
@@ -238,7 +239,7 @@ class host {
 // account's): its budget and peak are this thread's alone, and the process tracker still counts
 // every byte. comm::threads::run opens one per rank ("host:rank0", ...), the host's counterpart
 // of one tracker per GPU. Helper threads the owner starts account in the process tracker unless
-// they open an account of their own.
+// they open an account of their own or enter the owner's (host_account_scope).
 //
 //   {
 //     strata::host_account mine("host:worker");
@@ -276,6 +277,37 @@ class host_account {
  private:
   std::shared_ptr<memory_tracker> previous_;
   std::shared_ptr<memory_tracker> tracker_;
+};
+
+// Makes the host allocations the calling thread makes while it lives count where `owner`'s do:
+// in the account `owner` was made in, or the process tracker when it was made outside one. A
+// helper thread that works for an owner (a loader's worker for the rank that built the loader)
+// opens one, so its allocations meet the owner's budget. Scoped like host_account: ends on the
+// thread that started it, in reverse order with the accounts and scopes started inside it.
+//
+//   const strata::host owner;            // on the rank's thread
+//   std::thread([owner] {
+//     const strata::host_account_scope in(owner);
+//     strata::buffer<float> b(1024);      // counted in the rank's account
+//   });
+class host_account_scope {
+ public:
+  explicit host_account_scope(const host& owner)
+      : previous_(detail::current_host_account()), account_(owner.account_) {
+    detail::current_host_account() = account_;
+  }
+  ~host_account_scope() {
+    assert(detail::current_host_account() == account_ &&
+           "host_account_scope: scopes end in reverse order, on the thread that started them");
+    detail::current_host_account() = std::move(previous_);
+  }
+
+  host_account_scope(const host_account_scope&) = delete;
+  host_account_scope& operator=(const host_account_scope&) = delete;
+
+ private:
+  std::shared_ptr<memory_tracker> previous_;
+  std::shared_ptr<memory_tracker> account_;
 };
 
 // How a buffer is allocated.

@@ -23,6 +23,8 @@
 //     in the calling thread (the synchronous baseline) with the same result.
 //   - next() reports how long the step waited for its batch (batch_view::wait_seconds) and the
 //     epoch's totals (stats()).
+//   - Workers account their host allocations (a transform's buffers) where the thread that built
+//     the loader does: on a thread rank of comm::threads, in that rank's account and budget.
 //   - A worker's exception ends the epoch: the next call to next() throws data_error naming the
 //     worker, the sample index and the original message.
 //   - A batch not ready within config().timeout_seconds makes next() throw data_error naming the
@@ -204,7 +206,10 @@ class prefetch_loader {
       progress_ = std::vector<worker_progress>(config_.workers);
       threads_.reserve(config_.workers);
       for (std::size_t w = 0; w < config_.workers; ++w) {
-        threads_.emplace_back([this, w] { work(w); });
+        threads_.emplace_back([this, w] {
+          const host_account_scope in(owner_);  // the builder's account (a thread rank's)
+          work(w);
+        });
       }
     }
   }
@@ -506,6 +511,7 @@ class prefetch_loader {
   std::atomic<bool> failed_{false};
   failure_info failure_{};
   std::vector<worker_progress> progress_{};
+  host owner_{};  // the host allocations of the thread that built the loader; workers count there
   std::vector<std::thread> threads_{};
 };
 

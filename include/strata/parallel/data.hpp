@@ -551,13 +551,10 @@ class bucket_reducer {
     std::vector<comm::any_comm::request> pending{};
   };
 
-  // Part j of a bucket of `count` elements over g local ranks: [offset, offset + length).
+  // Part j of a bucket of `count` elements over the g local ranks: [offset, offset + length).
   std::pair<std::size_t, std::size_t> part(std::size_t count, int j) const noexcept {
-    const auto g = static_cast<std::size_t>(comm_->size());
-    const std::size_t base = count / g;
-    const std::size_t rest = count % g;
-    const auto i = static_cast<std::size_t>(j);
-    return {i * base + std::min(i, rest), base + (i < rest ? 1 : 0)};
+    const comm::even_partition parts{.count = count, .parts = comm_->size()};
+    return {parts.offset(j), parts.length(j)};
   }
 
   // Starts stage `s` of bucket `e` (blocking: runs it).

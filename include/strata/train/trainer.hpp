@@ -290,6 +290,19 @@ class trainer {
   model::param_store& params() noexcept { return params_; }
   const model::param_store& params() const noexcept { return params_; }
   std::uint64_t step() const noexcept { return step_; }
+  // The host memory budget, in bytes, that this rank's adaptive micro-batch keeps within:
+  // memory_budget_mb, which is each rank's; unset (0), batch::default_memory_budget() divided by
+  // comm::ranks_sharing_memory (every thread rank of comm::threads; the node's ranks under
+  // mpiexec).
+  std::size_t memory_budget() const {
+    if (cfg_.memory_budget_mb > 0) {
+      return static_cast<std::size_t>(cfg_.memory_budget_mb) << 20;
+    }
+    const auto& all = world_ ? world_ : comm_;  // with dedicated servers, comm_ spans a role
+    const int sharing = all ? std::max(1, all->ranks_sharing_memory()) : 1;
+    return batch::default_memory_budget() / static_cast<std::size_t>(sharing);
+  }
+
   // Whether the gradient buckets are reduced by blocking calls inside backward: bucket_launch,
   // with auto resolved for the backend (comm::nonblocking_progresses). False without buckets.
   // parallel::data<hierarchical> uses buckets only when this is false (and its groups have
@@ -416,7 +429,7 @@ class trainer {
       // Collective: local groups of hierarchy_group_size consecutive ranks, and the ranks of
       // equal position across them.
       const int g = cfg_.hierarchy_group_size > 0 ? static_cast<int>(cfg_.hierarchy_group_size)
-                                                  : comm::detail::default_group_size(comm_->size());
+                                                  : comm::default_group_size(comm_->size());
       groups.emplace(comm::make_hierarchy(*comm_, g));
     }
     // The hierarchical stages run per bucket, non-blocking, over groups of equal size; blocking
@@ -438,7 +451,7 @@ class trainer {
           compute_params(), static_cast<std::size_t>(cfg_.bucket_size_mb) << 20);
       if constexpr (hierarchical) {
         reducer = parallel::bucket_reducer(*groups, std::move(buckets), compute_dtype, wire,
-                                           blocking_buckets());
+                                           /*blocking=*/false);
       } else {
         reducer = parallel::bucket_reducer(*comm_, std::move(buckets), compute_dtype, wire,
                                            sharded ? shard_size() : 0, blocking_buckets());
@@ -1066,17 +1079,6 @@ class trainer {
     std::span<const std::size_t> indices{};
     std::size_t size = 0;
   };
-
-  // memory_budget_mb is each rank's. Unset, the machine's default budget is shared by the ranks
-  // on it (every thread rank of comm::threads; the node's ranks under mpiexec).
-  std::size_t memory_budget() const {
-    if (cfg_.memory_budget_mb > 0) {
-      return static_cast<std::size_t>(cfg_.memory_budget_mb) << 20;
-    }
-    const auto& all = world_ ? world_ : comm_;  // with dedicated servers, comm_ spans a role
-    const int sharing = all ? std::max(1, all->ranks_sharing_memory()) : 1;
-    return batch::default_memory_budget() / static_cast<std::size_t>(sharing);
-  }
 
   // The controller of batch::adaptive for steps of `global` samples. Its first micro-batch is
   // batch_size_per_gpu, or less when estimate_memory says that does not fit the budget.

@@ -185,6 +185,38 @@ TEST_CASE("automatic picks halving/doubling for small messages and the ring for 
         all_reduce_algorithm::ring);
 }
 
+TEST_CASE("even_partition cuts a buffer into pieces that differ by at most one, longer first") {
+  const comm::even_partition p{.count = 10, .parts = 4};
+  CHECK(p.offset(0) == 0);
+  CHECK(p.length(0) == 3);
+  CHECK(p.offset(1) == 3);
+  CHECK(p.length(1) == 3);
+  CHECK(p.offset(2) == 6);
+  CHECK(p.length(2) == 2);
+  CHECK(p.offset(3) == 8);
+  CHECK(p.length(3) == 2);
+  CHECK(p.offset(4) == 10);
+  const comm::even_partition few{.count = 2, .parts = 3};
+  CHECK(few.length(0) == 1);
+  CHECK(few.length(1) == 1);
+  CHECK(few.length(2) == 0);
+  CHECK(few.offset(2) == 2);
+  const comm::even_partition none{.count = 0, .parts = 5};
+  CHECK(none.offset(5) == 0);
+}
+
+TEST_CASE("default_group_size is the largest divisor not above the square root") {
+  CHECK(comm::default_group_size(1) == 1);
+  CHECK(comm::default_group_size(2) == 1);
+  CHECK(comm::default_group_size(4) == 2);
+  CHECK(comm::default_group_size(6) == 2);
+  CHECK(comm::default_group_size(8) == 2);
+  CHECK(comm::default_group_size(9) == 3);
+  CHECK(comm::default_group_size(12) == 3);
+  CHECK(comm::default_group_size(16) == 4);
+  CHECK(comm::default_group_size(7) == 1);
+}
+
 TEST_CASE("the algorithm names and the config print") {
   CHECK(comm::to_string(all_reduce_algorithm::native) == "native");
   CHECK(comm::to_string(all_reduce_algorithm::ring) == "ring");

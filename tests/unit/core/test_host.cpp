@@ -367,3 +367,46 @@ TEST_CASE("host_account accounts the thread's allocations apart, inside the proc
   outlives.reset();
   CHECK(process.stats().in_use == process_before);
 }
+
+TEST_CASE("host_account_scope lets a helper thread count in its owner's account") {
+  strata::memory_tracker& process = strata::host{}.memory();
+  const std::size_t process_before = process.stats().in_use;
+  strata::host_account account("host:owner");
+  const strata::host owner;
+  std::string seen;
+  std::string seen_inner;
+  std::string seen_after;
+  std::thread([&] {
+    {
+      const strata::host_account_scope in(owner);
+      seen = strata::host{}.memory().space();
+      const strata::buffer<float> b(16);
+      CHECK(account.memory().stats().in_use == 64);
+      {
+        // An account opened inside the scope sits inside the owner's.
+        strata::host_account inner("host:helper");
+        seen_inner = inner.memory().parent()->space();
+      }
+      // Under the owner's budget: the helper's allocation past it fails, naming the account.
+      const strata::scoped_budget limit(account.memory(), 128);
+      CHECK_THROWS_WITH_AS(strata::buffer<float>(64), doctest::Contains("host:owner"),
+                           strata::memory_error);
+    }
+    seen_after = strata::host{}.memory().space();
+  }).join();
+  CHECK(seen == "host:owner");
+  CHECK(seen_inner == "host:owner");
+  CHECK(seen_after == process.space());
+  CHECK(account.memory().stats().in_use == 0);
+  CHECK(account.memory().stats().peak == 64);
+  CHECK(process.stats().in_use == process_before);
+
+  // A value made outside every account enters the process tracker.
+  const strata::host_account other("host:other");
+  std::string plain;
+  std::thread([&] {
+    const strata::host_account_scope in(strata::host{});  // this thread has no account
+    plain = strata::host{}.memory().space();
+  }).join();
+  CHECK(plain == process.space());
+}

@@ -9,7 +9,10 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <mutex>
+#include <set>
 #include <stdexcept>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -331,4 +334,42 @@ TEST_CASE("a user type joins through the traits, and mismatches are refused") {
   sd::prefetch_loader idle(table, sd::no_transform{}, sd::distributed_sampler({.dataset_size = 3}),
                            {.batch_size = 2});
   CHECK_THROWS_AS(idle.next(), std::logic_error);
+}
+
+namespace {
+
+// Copies its input through a scratch buffer of strata's, noting the tracker that counted it.
+struct scratch_transform {
+  using transform_category = sd::transform_tag;
+  std::shared_ptr<std::mutex> mutex = std::make_shared<std::mutex>();
+  std::shared_ptr<std::set<std::string>> spaces = std::make_shared<std::set<std::string>>();
+  sd::sample_shape output_shape(const sd::sample_shape& in) const { return in; }
+  void apply(std::span<const float> in, const sd::sample_shape&, std::span<float> out,
+             const sd::transform_context&) const {
+    strata::buffer<float> scratch(in.size());
+    std::copy(in.begin(), in.end(), scratch.data());
+    std::copy(scratch.data(), scratch.data() + in.size(), out.begin());
+    const std::lock_guard lock(*mutex);
+    spaces->insert(scratch.space().memory().space());
+  }
+};
+
+}  // namespace
+
+TEST_CASE("workers count their allocations in the account of the thread that built the loader") {
+  synthetic data{.n = 200};
+  const scratch_transform transform;
+  strata::host_account account("host:loader-owner");
+  {
+    sd::prefetch_loader loader(data, transform,
+                               sd::distributed_sampler({.dataset_size = 200, .shuffle = false}),
+                               {.batch_size = 16, .workers = 2, .prefetch_depth = 2});
+    const std::size_t slots = account.memory().stats().in_use;
+    CHECK(slots > 0);  // the batch slots are the builder's
+    const epoch_result r = drain(loader, 0);
+    CHECK(r.indices.size() == 200);
+    CHECK(account.memory().stats().peak > slots);  // and so are the workers' scratch buffers
+  }
+  CHECK(*transform.spaces == std::set<std::string>{"host:loader-owner"});
+  CHECK(account.memory().stats().in_use == 0);
 }

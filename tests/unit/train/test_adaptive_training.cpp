@@ -301,3 +301,34 @@ TEST_CASE("on thread ranks each rank adapts within its own budget, and the ranks
   CHECK(largest_micro_batch(b[0]) < grown);
   CHECK(b[0].steps.back().peak_bytes + (std::size_t{1} << 19) < budget);
 }
+
+TEST_CASE(
+    "the default memory budget is shared by the thread ranks; memory_budget_mb is each rank's") {
+  const std::size_t machine = strata::batch::default_memory_budget();
+  auto cfg = adaptive_config("budget-shares");
+  {
+    const st::trainer<decltype(wide_model()), strata::batch::adaptive> one(
+        wide_model(), adaptive_config("budget-one"), {.print_progress = false});
+    CHECK(one.memory_budget() == machine);
+  }
+  for (const int n : {2, 3}) {
+    cfg.world_size = n;
+    std::vector<std::size_t> budgets(static_cast<std::size_t>(n));
+    std::vector<std::size_t> set(static_cast<std::size_t>(n));
+    strata::comm::threads::run(n, [&](strata::comm::threads& c) {
+      auto own = cfg;
+      const st::trainer<decltype(wide_model()), strata::batch::adaptive, strata::parallel::data<>>
+          shared(wide_model(), own, strata::comm::any_comm(c), {.print_progress = false});
+      budgets[static_cast<std::size_t>(c.rank())] = shared.memory_budget();
+      own.memory_budget_mb = 7;
+      const st::trainer<decltype(wide_model()), strata::batch::adaptive, strata::parallel::data<>>
+          given(wide_model(), own, strata::comm::any_comm(c), {.print_progress = false});
+      set[static_cast<std::size_t>(c.rank())] = given.memory_budget();
+    });
+    for (int r = 0; r < n; ++r) {
+      INFO(n, " ranks, rank ", r);
+      CHECK(budgets[static_cast<std::size_t>(r)] == machine / static_cast<std::size_t>(n));
+      CHECK(set[static_cast<std::size_t>(r)] == std::size_t{7} << 20);
+    }
+  }
+}
