@@ -52,6 +52,9 @@
 //    the split communicators too (bytes_sent_with_splits). emulated books a reduce or broadcast
 //    as the whole part on every rank (its cost table), more than the ring's (g - 1) / g, and the
 //    stage-C split has its own link clock: compare (b) with (c) on samples/s.
+//    And (a) / (b) for the MLP with parallel::data<parameter_server>, 2 ranks that both serve:
+//    each pushes the half of the gradient in the other's shard after backward, or bucket by
+//    bucket as backward completes it; the pull after the update is the same in both.
 //
 // 2. Hierarchy (no training). 4 ranks, one all-reduce (sum) of the MLP's gradient (its
 //    parameter count of float32), median time over --iters iterations after --warmup:
@@ -590,11 +593,35 @@ json run_overlap(const options& o, const fashion_mnist& data) {
                     {"one_bucket", to_json(h.serial)},
                     {"buckets_1mib", to_json(h.overlapped)},
                     {"whole_gradient_rings", to_json(whole)}};
-  return json{{"link", link.name},
-              {"global_batch", global_batch},
-              {"rounds", o.rounds},
-              {"rows", out_rows},
-              {"hierarchical", hierarchical}};
+  // data<parameter_server> on 2 ranks, both co-located servers, 10 GbE: each rank pushes the
+  // half of the gradient in the other's shard, (a) after backward, (b) bucket by bucket during
+  // it; the pull of the updated shards follows the update in both (it counts as compute).
+  const auto servers = [](sc::train_config& cfg) {
+    cfg.gradient_sync = sc::gradient_sync_kind::parameter_server;
+  };
+  const overlap_row p = overlap_for<sp::data<sp::parameter_server>>(
+      "MLP", o, false, make_mlp, mlp_augmentation(), data, servers);
+  const double p_hidden = 1.0 - p.overlapped.comm_seconds / p.serial.comm_seconds;
+  const double p_hidden_late =
+      1.0 - p.overlapped.comm_seconds_late_rank / p.serial.comm_seconds_late_rank;
+  std::printf(
+      "# MLP, data<parameter_server>, 2 ranks, both co-located servers, %s (exposed / later rank "
+      "ms, samples/s): (a) push after backward %.2f / %.2f, %.0f; (b) %zu buckets of 1 MiB "
+      "pushed during backward %.2f / %.2f, %.0f. Hidden share %.1f%% (later rank %.1f%%); "
+      "samples/s (b)/(a) %.2fx\n",
+      link.name.c_str(), p.serial.comm_seconds * 1e3, p.serial.comm_seconds_late_rank * 1e3,
+      p.serial.samples_per_second, p.overlapped.buckets.size(), p.overlapped.comm_seconds * 1e3,
+      p.overlapped.comm_seconds_late_rank * 1e3, p.overlapped.samples_per_second, 100.0 * p_hidden,
+      100.0 * p_hidden_late, p.overlapped.samples_per_second / p.serial.samples_per_second);
+  json parameter_server{{"model", "MLP"},
+                        {"ranks", 2},
+                        {"hidden_share", p_hidden},
+                        {"hidden_share_late_rank", p_hidden_late},
+                        {"push_after_backward", to_json(p.serial)},
+                        {"buckets_1mib", to_json(p.overlapped)}};
+  return json{
+      {"link", link.name}, {"global_batch", global_batch}, {"rounds", o.rounds},
+      {"rows", out_rows},  {"hierarchical", hierarchical}, {"parameter_server", parameter_server}};
 }
 
 // ---- section 2: hierarchy -----------------------------------------------------------------------

@@ -216,6 +216,48 @@ TEST_CASE("the parameter server over MPI trains like one process") {
     cfg.dedicated_parameter_servers = true;
     cfg.batch_size_per_gpu = 64 / (cfg.world_size / 2);
   });
+  // Non-blocking buckets: each bucket's pieces go to their servers during backward (polled).
+  check_against_one_process<par::data<par::parameter_server>>("ps-async", [](auto& cfg) {
+    cfg.gradient_sync = strata::config::gradient_sync_kind::parameter_server;
+    cfg.bucket_launch = strata::config::bucket_launch_kind::async;
+  });
+}
+
+TEST_CASE("the parameter-server push in pieces over MPI: several in flight, polled, exact") {
+  namespace par = strata::parallel;
+  auto world = mpi::world();
+  const auto ranks = static_cast<std::size_t>(world.size());
+  const std::size_t n = 4000 * ranks;  // shards of 4000 floats with every rank a server
+  std::vector<float> grads(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    grads[i] = static_cast<float>(world.rank() + 1) + 0.5f * static_cast<float>(i % 97);
+  }
+  std::vector<float> whole = grads;
+  par::ps_exchange reference(strata::comm::any_comm(world), n, world.size());
+  reference.push(whole);
+  // Five buckets from the end down, each cutting across shard boundaries; one of one float.
+  const std::vector<par::grad_bucket> buckets{{.offset = n - 3000, .size = 3000, .first_group = 4},
+                                              {.offset = n - 3001, .size = 1, .first_group = 3},
+                                              {.offset = 2500, .size = n - 5501, .first_group = 2},
+                                              {.offset = 1000, .size = 1500, .first_group = 1},
+                                              {.offset = 0, .size = 1000, .first_group = 0}};
+  par::ps_exchange ps(strata::comm::any_comm(world), n, world.size());
+  par::bucket_reducer reducer(strata::comm::any_comm(world), ps, buckets);
+  reducer.begin(grads);
+  for (int g = 4; g >= 0; --g) {
+    reducer.group_done(static_cast<std::size_t>(g));  // starts bucket 4 - g, polls
+    CHECK(reducer.reductions() == static_cast<std::size_t>(5 - g));
+  }
+  reducer.finish();
+  const std::size_t lo = ps.shard_begin(world.rank());
+  for (std::size_t i = lo; i < lo + ps.shard_size(); ++i) {
+    if (grads[i] != whole[i]) {
+      FAIL_CHECK("float " << i << ": " << grads[i] << " in pieces, " << whole[i] << " whole");
+      break;
+    }
+  }
+  const float mean_rank = (static_cast<float>(ranks) + 1.0f) / 2.0f;
+  CHECK(grads[lo] == doctest::Approx(mean_rank + 0.5f * static_cast<float>(lo % 97)));
 }
 
 TEST_CASE("top-k with ratio 1 over MPI trains like one process, by all-gather and server") {

@@ -326,13 +326,16 @@ constexpr void visit_keys(Visitor&& v) {
   v(enum_key<gradient_sync_kind>{"gradient_sync", &c::gradient_sync,
                                  "How data-parallel ranks combine gradients."});
   v(int_key{"bucket_size_mb", &c::bucket_size_mb, 1, 1 << 16,
-            "Gradient bucket size for all-reduce overlapped with backward, MiB."});
+            "Gradient bucket size for the reductions overlapped with backward (all-reduce, "
+            "zero1, hierarchical, parameter-server push), MiB."});
   v(enum_key<bucket_launch_kind>{
       "bucket_launch", &c::bucket_launch,
       "How a gradient bucket's reduction starts once backward completes it: async (a "
       "non-blocking collective, waited for before the optimizer step), blocking (reduced on the "
       "spot; faster where non-blocking collectives progress only when polled, as Open MPI's), "
-      "auto (blocking on comm::mpi, async on the others)."});
+      "auto (blocking on comm::mpi, async on the others). data<hierarchical> and "
+      "data<parameter_server> overlap only with async launches; with blocking ones they send "
+      "the whole gradient after backward."});
   v(int_key{"zero_stage", &c::zero_stage, 0, 1,
             "Sharded optimizer state: 0 = every data-parallel rank keeps all of it; 1 = each rank "
             "keeps and updates 1/N of it (parallel::zero1: gradients reduce-scattered, "

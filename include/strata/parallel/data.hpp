@@ -47,6 +47,7 @@
 #include "strata/core/policy.hpp"
 #include "strata/core/round.hpp"
 #include "strata/model/param_store.hpp"
+#include "strata/parallel/parameter_server.hpp"
 
 namespace strata::parallel {
 
@@ -372,9 +373,21 @@ class bucket_reducer {
     polls_ = !blocking;
   }
 
+  // Parameter-server buckets (parallel::data<parameter_server>, co-located servers): each
+  // bucket, as backward completes it, is pushed to the servers whose shards it overlaps (a
+  // worker's send of each piece; a server posted its receives in begin()); finish() sends the
+  // rest, waits and leaves each server's shard of the gradients the average, as ps.push() would.
+  // `ps` must outlive the reducer; it is driven through begin_push / send_range / finish_push.
+  bucket_reducer(comm::any_comm comm, ps_exchange& ps, std::vector<grad_bucket> buckets,
+                 dtype storage = dtype::float32)
+      : bucket_reducer(comm, std::move(buckets), storage) {
+    ps_ = &ps;
+  }
+
   dtype wire() const noexcept { return wire_; }
   bool blocking() const noexcept { return blocking_; }
   bool hierarchical() const noexcept { return cross_.has_value(); }
+  bool parameter_server() const noexcept { return ps_ != nullptr; }
 
   const std::vector<grad_bucket>& buckets() const noexcept { return buckets_; }
 
@@ -402,6 +415,14 @@ class bucket_reducer {
     requests_.clear();
     launched_.clear();
     staged_.clear();
+    if (ps_ != nullptr) {
+      std::vector<ps_exchange::push_range> ranges;
+      ranges.reserve(buckets_.size());
+      for (const grad_bucket& b : buckets_) {
+        ranges.push_back({.offset = b.offset, .count = b.size});
+      }
+      ps_->begin_push(grads, ranges);
+    }
   }
 
   // Every group >= `group` is complete: start each bucket that is now whole.
@@ -434,6 +455,9 @@ class bucket_reducer {
   // Hierarchical buckets: moves each bucket's stages on as far as they can go, and returns how
   // many buckets are done.
   std::size_t poll() {
+    if (ps_ != nullptr) {
+      return ps_->poll();
+    }
     if (hierarchical()) {
       advance();
       std::size_t done = 0;
@@ -449,7 +473,11 @@ class bucket_reducer {
   }
 
   // The non-blocking reductions started so far this step (hierarchical: the buckets).
+  // (Parameter-server buckets: the buckets pushed.)
   std::size_t reductions() const noexcept {
+    if (ps_ != nullptr) {
+      return launched_.size();
+    }
     return hierarchical() ? staged_.size() : requests_.size();
   }
 
@@ -475,6 +503,9 @@ class bucket_reducer {
     }
     requests_.clear();
     polled_ = 0;
+    if (ps_ != nullptr) {
+      ps_->finish_push();
+    }
     if (!staging_.empty()) {
       // The averages come back from the wire type into the float32 gradients.
       for (const std::size_t b : launched_) {
@@ -510,7 +541,9 @@ class bucket_reducer {
     const grad_bucket& bucket = buckets_[b];
     float* data = grads_.data() + bucket.offset;
     round_through(std::span<float>(data, bucket.size), storage_);
-    if (shard_ != 0) {
+    if (ps_ != nullptr) {
+      ps_->send_range(b);  // buckets launch in order, as begin() gave them to the push
+    } else if (shard_ != 0) {
       // One reduce per shard the bucket overlaps, to the shard's owner.
       std::size_t at = bucket.offset;
       const std::size_t end = bucket.offset + bucket.size;
@@ -681,6 +714,7 @@ class bucket_reducer {
   std::optional<comm::any_comm> cross_{};  // hierarchical: stage B, across the groups
   std::optional<comm::any_comm> share_{};  // hierarchical: stage C (A runs on comm_)
   std::deque<staged_bucket> staged_{};     // hierarchical: this step's buckets, launch order
+  ps_exchange* ps_ = nullptr;              // parameter-server buckets
 };
 
 }  // namespace strata::parallel

@@ -20,12 +20,14 @@
 //
 //   parallel::ps_exchange ps(comm, params.size(), servers);
 //   ps.push(params.grads());              // server: grads[shard] = the average
+//                                         // (or begin_push / send_range / finish_push: in
+//                                         // pieces as backward completes them)
 //   if (ps.is_server()) { ... update params[shard_begin, + shard_size) ... }
 //   ps.pull(params.values());             // everyone: the updated parameters
 //
 // The messages use the tags [ps_exchange::tag_base, tag_base + 4); other traffic on the
 // communicator must avoid them while an exchange runs. The asynchronous (bounded-staleness) mode
-// is not in this version (docs/parallel.md).
+// with dedicated servers is the trainer's (train/trainer.hpp), over these messages.
 
 #include <algorithm>
 #include <cstddef>
@@ -91,31 +93,99 @@ class ps_exchange {
   // s. The other entries of grads are left as they are (stale on a server, unused). Collective.
   void push(std::span<float> grads) {
     check(grads.size(), "push");
+    const push_range whole{.offset = 0, .count = size_};
+    begin_push(grads, std::span<const push_range>(&whole, 1));
+    send_range(0);
+    finish_push();
+  }
+
+  // The dense push in pieces, so that it overlaps backward: every rank calls begin_push before
+  // the step's last backward with the ranges of the gradients it will send, in the order it will
+  // send them (the same on every rank; together they cover each entry once), a server posting
+  // its receives for them; a worker calls send_range(i) for i = 0, 1, ... as range i becomes
+  // final, sending its piece inside each server's shard; finish_push() sends the ranges not sent
+  // yet, waits for every transfer and leaves the average on the servers, as push() does.
+  // Messages from one worker to one server match in the order both sides walk the ranges.
+  struct push_range {
+    std::size_t offset = 0;
+    std::size_t count = 0;
+  };
+
+  void begin_push(std::span<float> grads, std::span<const push_range> ranges) {
+    check(grads.size(), "begin_push");
+    wait_all(requests_);  // nothing of an earlier push may still write into stage_
+    grads_ = grads;
+    ranges_.assign(ranges.begin(), ranges.end());
+    sent_ = 0;
+    polled_ = 0;
     const int me = comm_->rank();
     const int mine = server_index();
-    std::vector<comm::any_comm::request> requests;
-    if (mine >= 0) {
-      stage_.resize(static_cast<std::size_t>(workers_) * shard_);
-      for (int r = 0; r < workers_; ++r) {
-        if (r != me) {
-          requests.push_back(comm_->recv_async(stage_.data() + static_cast<std::size_t>(r) * shard_,
-                                               shard_, dtype::float32, r, tag_base));
-        }
-      }
-    }
-    if (is_worker()) {
-      for (int s = 0; s < servers_; ++s) {
-        if (server_rank(s) != me) {
-          requests.push_back(comm_->send_async(grads.data() + shard_begin(s), shard_,
-                                               dtype::float32, server_rank(s), tag_base));
-        }
-      }
-    }
-    wait_all(requests);
     if (mine < 0) {
       return;
     }
-    const std::span<float> out = grads.subspan(shard_begin(mine), shard_);
+    stage_.resize(static_cast<std::size_t>(workers_) * shard_);
+    const std::size_t lo = shard_begin(mine);
+    const std::size_t hi = lo + shard_;
+    for (const push_range& r : ranges_) {
+      const std::size_t from = std::max(r.offset, lo);
+      const std::size_t to = std::min(r.offset + r.count, hi);
+      if (from >= to) {
+        continue;
+      }
+      for (int w = 0; w < workers_; ++w) {
+        if (w != me) {
+          requests_.push_back(
+              comm_->recv_async(stage_.data() + static_cast<std::size_t>(w) * shard_ + (from - lo),
+                                to - from, dtype::float32, w, tag_base));
+        }
+      }
+    }
+  }
+
+  // Sends range i (the next one not sent: ranges go out in order) to its servers.
+  void send_range(std::size_t i) {
+    if (i != sent_ || i >= ranges_.size()) {
+      throw std::logic_error("parallel::ps_exchange::send_range: range " + std::to_string(i) +
+                             " out of order (next " + std::to_string(sent_) + " of " +
+                             std::to_string(ranges_.size()) + ")");
+    }
+    ++sent_;
+    if (!is_worker()) {
+      return;
+    }
+    const int me = comm_->rank();
+    const push_range& r = ranges_[i];
+    for (int s = 0; s < servers_; ++s) {
+      const std::size_t from = std::max(r.offset, shard_begin(s));
+      const std::size_t to = std::min(r.offset + r.count, shard_begin(s) + shard_);
+      if (from < to && server_rank(s) != me) {
+        requests_.push_back(comm_->send_async(grads_.data() + from, to - from, dtype::float32,
+                                              server_rank(s), tag_base));
+      }
+    }
+  }
+
+  // Tests the push's transfers in flight, oldest first, and returns how many have completed: on
+  // a backend whose transfers advance only inside its calls (comm::mpi) this moves them on.
+  std::size_t poll() {
+    while (polled_ < requests_.size() && requests_[polled_].test()) {
+      ++polled_;
+    }
+    return polled_;
+  }
+
+  void finish_push() {
+    while (sent_ < ranges_.size()) {
+      send_range(sent_);
+    }
+    wait_all(requests_);
+    polled_ = 0;
+    const int mine = server_index();
+    if (mine < 0) {
+      return;
+    }
+    const int me = comm_->rank();
+    const std::span<float> out = grads_.subspan(shard_begin(mine), shard_);
     if (is_worker()) {
       std::copy(
           out.begin(), out.end(),
@@ -292,6 +362,12 @@ class ps_exchange {
   std::size_t shard_ = 0;
   std::vector<float> stage_{};
   std::vector<std::int32_t> pairs_{};
+  // The dense push in flight (begin_push .. finish_push).
+  std::span<float> grads_{};
+  std::vector<push_range> ranges_{};
+  std::size_t sent_ = 0;
+  std::vector<comm::any_comm::request> requests_{};
+  std::size_t polled_ = 0;
 };
 
 }  // namespace strata::parallel

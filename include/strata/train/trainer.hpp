@@ -200,8 +200,12 @@ class trainer {
   // parallel::data<all_reduce, ...>: buckets all-reduced as backward completes them;
   // parallel::zero1: buckets reduced to the ranks that own their shards, likewise;
   // parallel::data<hierarchical>: buckets taken through the hierarchical stages, likewise (with
-  // groups of equal size; else the whole gradient once backward is done).
-  static constexpr bool bucketed = distributed && !ps && !topk;
+  // groups of equal size; else the whole gradient once backward is done);
+  // parallel::data<parameter_server>: buckets pushed to the co-located servers, likewise
+  // (dedicated servers: the whole gradient once backward is done).
+  // Hierarchical and parameter-server buckets need non-blocking launches (blocking_buckets()
+  // false); top-k selects over the whole gradient, after backward.
+  static constexpr bool bucketed = distributed && !topk;
 
  public:
   using model_type = Model;
@@ -306,7 +310,8 @@ class trainer {
   // Whether the gradient buckets are reduced by blocking calls inside backward: bucket_launch,
   // with auto resolved for the backend (comm::nonblocking_progresses). False without buckets.
   // parallel::data<hierarchical> uses buckets only when this is false (and its groups have
-  // equal size); else it reduces the whole gradient after backward.
+  // equal size), parallel::data<parameter_server> only when this is false (and its servers are
+  // co-located); else they reduce the whole gradient after backward.
   bool blocking_buckets() const noexcept {
     if constexpr (bucketed) {
       return cfg_.bucket_launch == config::bucket_launch_kind::blocking ||
@@ -434,10 +439,14 @@ class trainer {
     }
     // The hierarchical stages run per bucket, non-blocking, over groups of equal size; blocking
     // launches (bucket_launch = blocking, or auto over MPI) and unequal groups take the whole
-    // gradient through hierarchical_all_reduce (rings over point-to-point) after backward.
+    // gradient through hierarchical_all_reduce (rings over point-to-point) after backward. The
+    // parameter-server push goes per bucket to co-located servers with non-blocking launches;
+    // else whole, after backward.
     bool in_buckets = bucketed;
     if constexpr (hierarchical) {
       in_buckets = groups->uniform() && !blocking_buckets();
+    } else if constexpr (ps) {
+      in_buckets = bucketed && !dedicated_ && !blocking_buckets();  // top-k: after backward
     }
     // The gradients in the 16-bit wire type of compress::cast<T> (empty without one), for the
     // hierarchical all-reduce of the whole gradient.
@@ -452,6 +461,8 @@ class trainer {
       if constexpr (hierarchical) {
         reducer = parallel::bucket_reducer(*groups, std::move(buckets), compute_dtype, wire,
                                            /*blocking=*/false);
+      } else if constexpr (ps) {
+        reducer = parallel::bucket_reducer(*comm_, *ps_, std::move(buckets), compute_dtype);
       } else {
         reducer = parallel::bucket_reducer(*comm_, std::move(buckets), compute_dtype, wire,
                                            sharded ? shard_size() : 0, blocking_buckets());
@@ -1059,7 +1070,8 @@ class trainer {
       if (!bucketed && cfg_.bucket_launch != d.bucket_launch) {
         refuse("bucket_launch",
                "bucket_launch configures the gradient buckets of parallel::data<all_reduce>, "
-               "data<hierarchical> and parallel::zero1; the trainer's parallel policy is " +
+               "data<hierarchical>, data<parameter_server> and parallel::zero1; the trainer's "
+               "parallel policy is " +
                    std::string(parallel_policy::name) + ", which has none");
       }
     }

@@ -1022,3 +1022,22 @@ TEST_CASE("hierarchical buckets overlap backward: a step takes less than both in
   CHECK(serial.comm > 0.1);  // the three stages of 4 MiB: about 420 ms in emulated's model
   CHECK(overlapped.comm < 0.6 * serial.comm);
 }
+
+TEST_CASE("parameter-server buckets overlap backward: a step takes less than both in turn") {
+  // 2 co-located servers behind 25 MB/s links; backward sleeps 4 x 40 ms over 4 layers of 1 MiB
+  // of gradients. Each rank pushes the half of them in the other's shard: 2 MiB, about 84 ms.
+  // One bucket: the whole push starts after backward. Buckets of 1 MiB: each goes as its layer
+  // finishes; what is left is what the other rank sends last.
+  const auto parameter_server = [](strata::config::train_config& cfg) {
+    cfg.gradient_sync = strata::config::gradient_sync_kind::parameter_server;
+  };
+  const step_times serial =
+      median_step_times<par::data<par::parameter_server>>(64, 25e6, 2, parameter_server);
+  const step_times overlapped =
+      median_step_times<par::data<par::parameter_server>>(1, 25e6, 2, parameter_server);
+  MESSAGE("parameter server, median step: one bucket ", serial.compute * 1e3, " ms compute + ",
+          serial.comm * 1e3, " ms waiting; buckets of 1 MiB ", overlapped.compute * 1e3,
+          " ms compute + ", overlapped.comm * 1e3, " ms waiting");
+  CHECK(serial.comm > 0.06);
+  CHECK(overlapped.comm < 0.75 * serial.comm);
+}

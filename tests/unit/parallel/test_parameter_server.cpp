@@ -28,6 +28,7 @@
 
 namespace fs = std::filesystem;
 namespace sc = strata::config;
+namespace sm = strata::model;
 namespace sp = strata::precision;
 namespace st = strata::train;
 namespace par = strata::parallel;
@@ -214,6 +215,96 @@ TEST_CASE("the parameter-server exchange averages shards and pulls them back") {
   }
 }
 
+TEST_CASE("the push in pieces equals the whole push, bit for bit, and keeps its order") {
+  // 13 floats padded to 15 for 3 servers; ranges from the end down, as backward gives them,
+  // cutting across the shards [0, 5), [5, 10), [10, 15), one of a single float.
+  const std::vector<par::ps_exchange::push_range> ranges{{.offset = 11, .count = 4},
+                                                         {.offset = 7, .count = 4},
+                                                         {.offset = 6, .count = 1},
+                                                         {.offset = 0, .count = 6}};
+  for (const int servers : {1, 3}) {
+    INFO(servers, " servers");
+    threads::run(3, [&](threads& c) {
+      const std::size_t n = 15;
+      par::ps_exchange ps(strata::comm::any_comm(c), n, servers);
+      std::vector<float> whole(n);
+      for (std::size_t i = 0; i < n; ++i) {
+        whole[i] = 0.1f * static_cast<float>(i) + 1.7f * static_cast<float>(c.rank() + 1);
+      }
+      std::vector<float> pieces = whole;
+      ps.push(whole);
+      ps.begin_push(pieces, ranges);
+      CHECK_THROWS_AS(ps.send_range(1), std::logic_error);  // range 0 goes first
+      for (std::size_t i = 0; i < ranges.size(); ++i) {
+        ps.send_range(i);
+        ps.poll();
+      }
+      ps.finish_push();
+      if (ps.is_server()) {
+        const std::size_t b = ps.shard_begin(c.rank());
+        for (std::size_t i = b; i < b + ps.shard_size(); ++i) {
+          CHECK(pieces[i] == whole[i]);
+          CHECK(pieces[i] == doctest::Approx(0.1f * static_cast<float>(i) + 3.4f));
+        }
+      }
+      // finish_push sends whatever was not sent yet: the average of the same values on every
+      // rank is that value, on every server's shard.
+      std::vector<float> late(n, 2.5f);
+      ps.begin_push(late, ranges);
+      ps.send_range(0);
+      ps.finish_push();
+      CHECK(late == std::vector<float>(n, 2.5f));
+    });
+  }
+}
+
+TEST_CASE("parameter-server buckets push each bucket as backward completes it") {
+  // Three groups, one bucket each, from the end down: [8, 12), [3, 8), [0, 3).
+  const std::vector<par::grad_bucket> buckets{
+      {.offset = 8, .size = 4, .first_group = 2, .last_group = 2},
+      {.offset = 3, .size = 5, .first_group = 1, .last_group = 1},
+      {.offset = 0, .size = 3, .first_group = 0, .last_group = 0}};
+  for (const int servers : {1, 2}) {
+    INFO(servers, " servers");
+    threads::run(2, [&](threads& c) {
+      const std::size_t n = 12;
+      par::ps_exchange ps(strata::comm::any_comm(c), n, servers);
+      par::ps_exchange reference(strata::comm::any_comm(c), n, servers);
+      std::vector<float> grads(n);
+      for (std::size_t i = 0; i < n; ++i) {
+        grads[i] = static_cast<float>(i) * (c.rank() == 0 ? 1.0f : 3.0f);
+      }
+      std::vector<float> expected = grads;
+      reference.push(expected);
+      par::bucket_reducer reducer(strata::comm::any_comm(c), ps, buckets);
+      CHECK(reducer.parameter_server());
+      reducer.begin(grads);
+      CHECK(reducer.reductions() == 0);
+      reducer.group_done(2);
+      CHECK(reducer.reductions() == 1);
+      reducer.group_done(1);
+      CHECK(reducer.reductions() == 2);
+      reducer.group_done(0);
+      reducer.finish();
+      CHECK(reducer.launch_order() == std::vector<std::size_t>{0, 1, 2});
+      if (ps.is_server()) {
+        const std::size_t b = ps.shard_begin(c.rank());
+        for (std::size_t i = b; i < b + ps.shard_size(); ++i) {
+          CHECK(grads[i] == expected[i]);
+          CHECK(grads[i] == 2.0f * static_cast<float>(i));
+        }
+      }
+      // Without reports every bucket goes out in finish().
+      std::vector<float> again(n, static_cast<float>(c.rank()));
+      reducer.begin(again);
+      reducer.finish();
+      if (ps.is_server()) {
+        CHECK(again[ps.shard_begin(c.rank())] == 0.5f);
+      }
+    });
+  }
+}
+
 TEST_CASE("the top-k push sends each server the pairs of its shard") {
   threads::run(2, [&](threads& c) {
     const std::size_t n = 8;
@@ -256,6 +347,46 @@ TEST_CASE("data<parameter_server> trains like data<all_reduce> with 2 and 4 rank
       }
       CHECK(worst_difference(ps.params, dense.params) < 1e-5);
     }
+  }
+}
+
+TEST_CASE("parameter-server buckets over a layer larger than a bucket train like after backward") {
+  // Group 0: 8 x 33000 + 33000 floats, more than a 1 MiB bucket: 3 buckets, the shard boundary
+  // of 2 co-located servers inside the first layer's parts.
+  const auto wide_model = [] {
+    return sm::sequential(strata::sample_shape{.channels = 1, .height = 1, .width = 8},
+                          sm::linear{.in = 8, .out = 33000}, sm::relu{},
+                          sm::linear{.in = 33000, .out = 4});
+  };
+  const auto config = [](const std::string& name, sc::bucket_launch_kind launch, int servers) {
+    auto cfg = base_config(name, 2);
+    cfg.epochs = 1;
+    cfg.lr = 0.01;
+    cfg.checkpoint_interval = 0;
+    cfg.bucket_size_mb = 1;
+    cfg.bucket_launch = launch;
+    cfg.gradient_sync = sc::gradient_sync_kind::parameter_server;
+    cfg.parameter_servers = servers;
+    return cfg;
+  };
+  for (const int servers : {0, 1}) {
+    INFO("parameter_servers = ", servers);
+    // async: pushed bucket by bucket during backward; blocking: the whole push after backward.
+    const run_record buckets = strata::test::run_thread_ranks<par::data<par::parameter_server>>(
+        2, config("wide-async-" + std::to_string(servers), sc::bucket_launch_kind::async, servers),
+        wide_model)[0];
+    const run_record whole = strata::test::run_thread_ranks<par::data<par::parameter_server>>(
+        2,
+        config("wide-blocking-" + std::to_string(servers), sc::bucket_launch_kind::blocking,
+               servers),
+        wide_model)[0];
+    REQUIRE(buckets.steps.size() == whole.steps.size());
+    CHECK(buckets.params == whole.params);
+    auto dense = config("wide-dense-" + std::to_string(servers), sc::bucket_launch_kind::async, 0);
+    dense.gradient_sync = sc::gradient_sync_kind::all_reduce;
+    dense.parameter_servers = 0;
+    const run_record reduced = strata::test::run_thread_ranks<par::data<>>(2, dense, wide_model)[0];
+    CHECK(worst_difference(buckets.params, reduced.params) < 1e-6);
   }
 }
 
