@@ -453,7 +453,9 @@ class bucket_reducer {
   // here, so on such a backend it can come out of backward (from the layer's report) rather
   // than from finish(); either way the step is lost.
   // Hierarchical buckets: moves each bucket's stages on as far as they can go, and returns how
-  // many buckets are done.
+  // many buckets are done. Parameter-server buckets: tests the push's transfers and returns
+  // ps_exchange::poll()'s count (transfers, not buckets: a server's receives for every bucket
+  // are posted in begin()), for progress; finish() is what waits for them.
   std::size_t poll() {
     if (ps_ != nullptr) {
       return ps_->poll();

@@ -101,11 +101,14 @@ class ps_exchange {
 
   // The dense push in pieces, so that it overlaps backward: every rank calls begin_push before
   // the step's last backward with the ranges of the gradients it will send, in the order it will
-  // send them (the same on every rank; together they cover each entry once), a server posting
-  // its receives for them; a worker calls send_range(i) for i = 0, 1, ... as range i becomes
-  // final, sending its piece inside each server's shard; finish_push() sends the ranges not sent
-  // yet, waits for every transfer and leaves the average on the servers, as push() does.
+  // send them (the same on every rank; ranges inside [0, size) that do not overlap), a server
+  // posting its receives for them; a worker calls send_range(i) for i = 0, 1, ... as range i
+  // becomes final, sending its piece inside each server's shard; finish_push() sends the ranges
+  // not sent yet, waits for every transfer and leaves the average on the servers, as push()
+  // does, over the entries of the ranges (others are left as they are: a store's padding).
   // Messages from one worker to one server match in the order both sides walk the ranges.
+  // Transfers still in flight when the exchange goes (an exception left the step) are waited
+  // for, their errors dropped, so that none writes into memory already freed.
   struct push_range {
     std::size_t offset = 0;
     std::size_t count = 0;
@@ -113,9 +116,11 @@ class ps_exchange {
 
   void begin_push(std::span<float> grads, std::span<const push_range> ranges) {
     check(grads.size(), "begin_push");
-    wait_all(requests_);  // nothing of an earlier push may still write into stage_
+    requests_.drain();  // nothing of an earlier push may still write into stage_
+    check_ranges(ranges);
     grads_ = grads;
     ranges_.assign(ranges.begin(), ranges.end());
+    pieces_.clear();
     sent_ = 0;
     polled_ = 0;
     const int me = comm_->rank();
@@ -132,9 +137,10 @@ class ps_exchange {
       if (from >= to) {
         continue;
       }
+      pieces_.push_back({.offset = from, .count = to - from});
       for (int w = 0; w < workers_; ++w) {
         if (w != me) {
-          requests_.push_back(
+          requests_.list.push_back(
               comm_->recv_async(stage_.data() + static_cast<std::size_t>(w) * shard_ + (from - lo),
                                 to - from, dtype::float32, w, tag_base));
         }
@@ -159,16 +165,18 @@ class ps_exchange {
       const std::size_t from = std::max(r.offset, shard_begin(s));
       const std::size_t to = std::min(r.offset + r.count, shard_begin(s) + shard_);
       if (from < to && server_rank(s) != me) {
-        requests_.push_back(comm_->send_async(grads_.data() + from, to - from, dtype::float32,
-                                              server_rank(s), tag_base));
+        requests_.list.push_back(comm_->send_async(grads_.data() + from, to - from, dtype::float32,
+                                                   server_rank(s), tag_base));
       }
     }
   }
 
-  // Tests the push's transfers in flight, oldest first, and returns how many have completed: on
-  // a backend whose transfers advance only inside its calls (comm::mpi) this moves them on.
+  // Tests the push's transfers in flight, in the order they were posted (a server's receives for
+  // every range first, then this rank's sends), and returns how many have completed in a row
+  // from the first: on a backend whose transfers advance only inside its calls (comm::mpi) this
+  // moves them on.
   std::size_t poll() {
-    while (polled_ < requests_.size() && requests_[polled_].test()) {
+    while (polled_ < requests_.list.size() && requests_.list[polled_].test()) {
       ++polled_;
     }
     return polled_;
@@ -178,26 +186,30 @@ class ps_exchange {
     while (sent_ < ranges_.size()) {
       send_range(sent_);
     }
-    wait_all(requests_);
+    wait_all(requests_.list);
     polled_ = 0;
     const int mine = server_index();
     if (mine < 0) {
       return;
     }
     const int me = comm_->rank();
-    const std::span<float> out = grads_.subspan(shard_begin(mine), shard_);
-    if (is_worker()) {
-      std::copy(
-          out.begin(), out.end(),
-          stage_.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(me) * shard_));
-    }
+    const std::size_t lo = shard_begin(mine);
     const auto n = static_cast<float>(workers_);
-    for (std::size_t i = 0; i < shard_; ++i) {
-      float sum = 0.0f;
-      for (int r = 0; r < workers_; ++r) {
-        sum += stage_[static_cast<std::size_t>(r) * shard_ + i];
+    for (const push_range& piece : pieces_) {
+      float* out = grads_.data() + piece.offset;
+      const std::size_t at = piece.offset - lo;  // where the piece sits in each worker's stage
+      if (is_worker()) {
+        std::copy(out, out + piece.count,
+                  stage_.begin() +
+                      static_cast<std::ptrdiff_t>(static_cast<std::size_t>(me) * shard_ + at));
       }
-      out[i] = sum / n;
+      for (std::size_t i = 0; i < piece.count; ++i) {
+        float sum = 0.0f;
+        for (int r = 0; r < workers_; ++r) {
+          sum += stage_[static_cast<std::size_t>(r) * shard_ + at + i];
+        }
+        out[i] = sum / n;
+      }
     }
   }
 
@@ -335,6 +347,56 @@ class ps_exchange {
     }
   }
 
+  // Ranges inside [0, size_) that do not overlap, or std::invalid_argument naming the first
+  // that does not fit.
+  void check_ranges(std::span<const push_range> ranges) const {
+    std::vector<push_range> sorted(ranges.begin(), ranges.end());
+    std::sort(sorted.begin(), sorted.end(),
+              [](const push_range& a, const push_range& b) { return a.offset < b.offset; });
+    std::size_t end = 0;
+    for (const push_range& r : sorted) {
+      const bool overlaps = r.offset < end;
+      if (overlaps || r.count > size_ || r.offset > size_ - r.count) {
+        throw std::invalid_argument(
+            "parallel::ps_exchange::begin_push: range [" + std::to_string(r.offset) + ", " +
+            std::to_string(r.offset + r.count) + ") " +
+            (overlaps ? std::string("overlaps another")
+                      : "is outside the " + std::to_string(size_) + " parameters"));
+      }
+      end = r.offset + r.count;
+    }
+  }
+
+  // The push's transfers: waited for (errors dropped) when the exchange goes or starts another
+  // push while some are in flight, so that none writes into memory already freed.
+  struct in_flight {
+    std::vector<comm::any_comm::request> list;
+
+    in_flight() = default;
+    in_flight(const in_flight&) = delete;
+    in_flight& operator=(const in_flight&) = delete;
+    in_flight(in_flight&& other) noexcept : list(std::move(other.list)) { other.list.clear(); }
+    in_flight& operator=(in_flight&& other) noexcept {
+      if (this != &other) {
+        drain();
+        list = std::move(other.list);
+        other.list.clear();
+      }
+      return *this;
+    }
+    ~in_flight() { drain(); }
+
+    void drain() noexcept {
+      for (auto& r : list) {
+        try {
+          r.wait();
+        } catch (...) {  // NOLINT(bugprone-empty-catch): the step is lost already
+        }
+      }
+      list.clear();
+    }
+  };
+
   // Waits for every request; the first error propagates after all were waited for, so that no
   // transfer still writes into a buffer that is about to go.
   static void wait_all(std::vector<comm::any_comm::request>& requests) {
@@ -365,9 +427,10 @@ class ps_exchange {
   // The dense push in flight (begin_push .. finish_push).
   std::span<float> grads_{};
   std::vector<push_range> ranges_{};
+  std::vector<push_range> pieces_{};  // a server's: the ranges' parts inside its shard
   std::size_t sent_ = 0;
-  std::vector<comm::any_comm::request> requests_{};
   std::size_t polled_ = 0;
+  in_flight requests_{};  // last: destroyed (drained) before the buffers it writes into
 };
 
 }  // namespace strata::parallel

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
@@ -17,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "strata/batch/accumulate.hpp"
 #include "strata/comm/emulated.hpp"
 #include "strata/comm/threads.hpp"
 #include "strata/parallel/data.hpp"
@@ -247,13 +249,40 @@ TEST_CASE("the push in pieces equals the whole push, bit for bit, and keeps its 
           CHECK(pieces[i] == doctest::Approx(0.1f * static_cast<float>(i) + 3.4f));
         }
       }
-      // finish_push sends whatever was not sent yet: the average of the same values on every
-      // rank is that value, on every server's shard.
-      std::vector<float> late(n, 2.5f);
+      // finish_push sends whatever was not sent yet.
+      std::vector<float> late(n);
+      for (std::size_t i = 0; i < n; ++i) {
+        late[i] = static_cast<float>(i) + static_cast<float>(c.rank());  // mean: i + 1
+      }
       ps.begin_push(late, ranges);
       ps.send_range(0);
       ps.finish_push();
-      CHECK(late == std::vector<float>(n, 2.5f));
+      if (ps.is_server()) {
+        const std::size_t b = ps.shard_begin(c.rank());
+        for (std::size_t i = b; i < b + ps.shard_size(); ++i) {
+          CHECK(late[i] == static_cast<float>(i) + 1.0f);
+        }
+      }
+
+      // Entries outside every range (a store's padding) are left as they are; ranges must fit
+      // and not overlap, or nothing is posted.
+      const std::vector<par::ps_exchange::push_range> partial{{.offset = 0, .count = 12}};
+      std::vector<float> padded(n, static_cast<float>(c.rank()));
+      ps.begin_push(padded, partial);
+      ps.finish_push();
+      if (ps.is_server()) {
+        const std::size_t b = ps.shard_begin(c.rank());
+        for (std::size_t i = b; i < b + ps.shard_size(); ++i) {
+          CHECK(padded[i] == (i < 12 ? 1.0f : static_cast<float>(c.rank())));
+        }
+      }
+      const std::vector<par::ps_exchange::push_range> overlapping{{.offset = 0, .count = 8},
+                                                                  {.offset = 7, .count = 8}};
+      CHECK_THROWS_WITH_AS(ps.begin_push(padded, overlapping), doctest::Contains("overlaps"),
+                           std::invalid_argument);
+      const std::vector<par::ps_exchange::push_range> outside{{.offset = 10, .count = 6}};
+      CHECK_THROWS_WITH_AS(ps.begin_push(padded, outside),
+                           doctest::Contains("outside the 15 parameters"), std::invalid_argument);
     });
   }
 }
@@ -282,6 +311,19 @@ TEST_CASE("parameter-server buckets push each bucket as backward completes it") 
       CHECK(reducer.reductions() == 0);
       reducer.group_done(2);
       CHECK(reducer.reductions() == 1);
+      if (servers == 1) {
+        // The first bucket went out now, not in finish(): the server's first receive (rank 1's
+        // piece of bucket 0) completes while the other buckets are still to come.
+        c.barrier();
+        if (c.rank() == 0) {
+          const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+          while (reducer.poll() < 1 && std::chrono::steady_clock::now() < deadline) {
+            std::this_thread::sleep_for(std::chrono::microseconds(200));
+          }
+          CHECK(reducer.poll() >= 1);
+        }
+        c.barrier();
+      }
       reducer.group_done(1);
       CHECK(reducer.reductions() == 2);
       reducer.group_done(0);
@@ -382,12 +424,40 @@ TEST_CASE("parameter-server buckets over a layer larger than a bucket train like
         wide_model)[0];
     REQUIRE(buckets.steps.size() == whole.steps.size());
     CHECK(buckets.params == whole.params);
+    CHECK(buckets.summary.params_xxh3 == whole.summary.params_xxh3);
     auto dense = config("wide-dense-" + std::to_string(servers), sc::bucket_launch_kind::async, 0);
     dense.gradient_sync = sc::gradient_sync_kind::all_reduce;
     dense.parameter_servers = 0;
     const run_record reduced = strata::test::run_thread_ranks<par::data<>>(2, dense, wide_model)[0];
     CHECK(worst_difference(buckets.params, reduced.params) < 1e-6);
   }
+}
+
+TEST_CASE("parameter-server buckets with bfloat16 and accumulation equal the push after backward") {
+  // Each bucket is rounded through bfloat16 as it goes, the whole gradient after backward
+  // otherwise; only the step's last micro-batch communicates.
+  const auto config = [](const std::string& name, sc::bucket_launch_kind launch) {
+    auto cfg = base_config(name, 2);
+    cfg.epochs = 1;
+    cfg.checkpoint_interval = 0;
+    cfg.batch_size_per_gpu = 16;
+    cfg.gradient_accumulation_steps = 2;
+    cfg.mixed_precision_dtype = sc::precision_dtype::bfloat16;
+    cfg.bucket_launch = launch;
+    cfg.gradient_sync = sc::gradient_sync_kind::parameter_server;
+    return cfg;
+  };
+  const run_record buckets =
+      run_ranks<par::data<par::parameter_server>, sp::bf16, strata::batch::accumulate>(
+          2, config("bf16-async", sc::bucket_launch_kind::async))[0];
+  const run_record whole =
+      run_ranks<par::data<par::parameter_server>, sp::bf16, strata::batch::accumulate>(
+          2, config("bf16-blocking", sc::bucket_launch_kind::blocking))[0];
+  REQUIRE(buckets.steps.size() == whole.steps.size());
+  for (std::size_t i = 0; i < whole.steps.size(); ++i) {
+    CHECK(buckets.steps[i].loss == whole.steps[i].loss);
+  }
+  CHECK(buckets.params == whole.params);
 }
 
 TEST_CASE("a parameter-server run stopped and resumed matches an uninterrupted one") {
