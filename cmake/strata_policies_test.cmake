@@ -56,8 +56,9 @@ check_within(zero1 loss 10)
 # smallest; the same global batches, so the same average gradient.
 run_case(adaptive --adaptive_batch true --memory_budget_mb 256)
 check_within(adaptive loss 10)
-run_case(adaptive_zero1 --adaptive_batch true --memory_budget_mb 256 --adaptive_batch_max 8
-  --zero_stage 1)
+# (zero1: micro-batches of 8, four to a step of the reference's 32 samples per rank.)
+run_case(adaptive_zero1 --adaptive_batch true --memory_budget_mb 256 --zero_stage 1
+  --batch_size_per_gpu 8 --gradient_accumulation_steps 4 --adaptive_batch_max 8)
 check_within(adaptive_zero1 loss 10)
 # The compressed ones.
 run_case(float16 --gradient_compression float16)
