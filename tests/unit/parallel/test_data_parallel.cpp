@@ -1027,17 +1027,24 @@ TEST_CASE("parameter-server buckets overlap backward: a step takes less than bot
   // 2 co-located servers behind 25 MB/s links; backward sleeps 4 x 40 ms over 4 layers of 1 MiB
   // of gradients. Each rank pushes the half of them in the other's shard: 2 MiB, about 84 ms.
   // One bucket: the whole push starts after backward. Buckets of 1 MiB: each goes as its layer
-  // finishes; what is left is what the other rank sends last.
+  // finishes; what is left is about half, what the other rank sends last (its server's shard
+  // holds the layers backward reaches last). On a loaded machine (the sanitizer job runs other
+  // tests beside this one) a round's medians can drown that in noise, so the best of three
+  // rounds counts: without buckets in flight during backward no round could pass.
   const auto parameter_server = [](strata::config::train_config& cfg) {
     cfg.gradient_sync = strata::config::gradient_sync_kind::parameter_server;
   };
-  const step_times serial =
-      median_step_times<par::data<par::parameter_server>>(64, 25e6, 2, parameter_server);
-  const step_times overlapped =
-      median_step_times<par::data<par::parameter_server>>(1, 25e6, 2, parameter_server);
-  MESSAGE("parameter server, median step: one bucket ", serial.compute * 1e3, " ms compute + ",
-          serial.comm * 1e3, " ms waiting; buckets of 1 MiB ", overlapped.compute * 1e3,
-          " ms compute + ", overlapped.comm * 1e3, " ms waiting");
-  CHECK(serial.comm > 0.06);
-  CHECK(overlapped.comm < 0.75 * serial.comm);
+  double best = 1e9;
+  for (int round = 0; round < 3 && best >= 0.75; ++round) {
+    const step_times serial =
+        median_step_times<par::data<par::parameter_server>>(64, 25e6, 2, parameter_server);
+    const step_times overlapped =
+        median_step_times<par::data<par::parameter_server>>(1, 25e6, 2, parameter_server);
+    MESSAGE("parameter server, median step: one bucket ", serial.compute * 1e3, " ms compute + ",
+            serial.comm * 1e3, " ms waiting; buckets of 1 MiB ", overlapped.compute * 1e3,
+            " ms compute + ", overlapped.comm * 1e3, " ms waiting");
+    CHECK(serial.comm > 0.06);
+    best = std::min(best, overlapped.comm / serial.comm);
+  }
+  CHECK(best < 0.75);
 }
