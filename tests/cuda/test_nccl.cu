@@ -307,6 +307,28 @@ TEST_CASE("nccl: every collective, dtype, op and count against a host reference"
   }
 }
 
+TEST_CASE("nccl: bootstrapped over threads, one rank per GPU, device buffers") {
+  const int n_gpus = std::min(gpu_count(), 4);
+  REQUIRE(n_gpus >= 1);
+  const std::size_t count = 1000;
+  std::vector<std::vector<float>> results(static_cast<std::size_t>(n_gpus),
+                                          std::vector<float>(count));
+  // snippet-begin: nccl
+  strata::comm::threads::run(n_gpus, [&](strata::comm::threads& host) {
+    strata::comm::nccl gpu(host, strata::comm::nccl_config{.device = host.rank()});
+    strata::buffer<float, strata::cuda> grads(strata::cuda(gpu.device(), gpu.stream()), count);
+    const std::vector<float> ones(count, 1.0f);
+    grads.copy_from_host(ones);
+    gpu.all_reduce(grads.data(), grads.data(), count, strata::dtype::float32,
+                   strata::comm::reduce_op::sum);  // device pointers, on gpu.stream()
+    grads.copy_to_host(results[static_cast<std::size_t>(host.rank())]);
+  });
+  // snippet-end: nccl
+  for (const std::vector<float>& r : results) {
+    CHECK(r == std::vector<float>(count, static_cast<float>(n_gpus)));
+  }
+}
+
 TEST_CASE("nccl: send and recv between pairs of ranks") {
   for (int n : rank_counts()) {
     CAPTURE(n);

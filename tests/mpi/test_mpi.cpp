@@ -126,6 +126,21 @@ TEST_CASE("world_size is checked against the processes mpiexec started") {
   comm.barrier();  // every rank threw before any message: still in step
 }
 
+TEST_CASE("a program's first calls: the world, its size checked, a collective") {
+  // (main made the mpi_environment, as every MPI program of strata does: tests/mpi/main.cpp.)
+  int world_size = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+  strata::config::train_config cfg;
+  cfg.world_size = world_size;
+  std::vector<float> grads(16, 1.0f);
+  // snippet-begin: world
+  auto comm = strata::comm::mpi::world();                         // MPI_COMM_WORLD, duplicated
+  strata::config::check_world_size(cfg, comm.size(), "mpiexec");  // config_error if they differ
+  strata::comm::all_reduce(comm, grads, strata::comm::reduce_op::sum);
+  // snippet-end: world
+  CHECK(grads == std::vector<float>(16, static_cast<float>(world_size)));
+}
+
 TEST_CASE("avg is a sum divided at the end; 16-bit floats reduce through MPI user operations") {
   auto comm = mpi::world(checked());
   const int n = comm.size();

@@ -3,22 +3,38 @@
 
 // trainer<Model, Policies...>: the training loop where the families meet.
 //
-//   strata::train::trainer run(model, config);      // config: strata::config::train_config
+//   strata::train::trainer<decltype(model), strata::batch::accumulate, strata::precision::bf16>
+//       run(model, cfg);  // cfg: a strata::config::train_config naming the same policies
 //   run.on_epoch([](const strata::train::epoch_metrics& m) { ... });
 //   auto summary = run.fit(train_set, augmentation, test_set, test_transform);
 //
-// Policy slots (core/policy.hpp), one per family, in any order; defaults: batch::fixed,
-// precision::fp32, parallel::single_rank. This version runs those and batch::accumulate; the
-// other policies of each family plug into the same slots.
+// Policy slots (core/policy.hpp), one per family, in any order; a family not named keeps its
+// default:
+//   batch      batch::fixed (default); batch::accumulate (gradient_accumulation_steps
+//              micro-batches per optimizer step); batch::adaptive (the micro-batch follows a
+//              memory budget, the samples per step stay as configured).
+//   precision  precision::fp32 (default); precision::fp16 (float16 with the dynamic loss scaler)
+//              and precision::bf16 (bfloat16), aliases of precision::mixed<T, Scaler>: a 16-bit
+//              compute copy of the parameters, float32 master weights.
+//   parallel   parallel::single_rank (default); parallel::data<Sync, Compressor>: all_reduce or
+//              hierarchical (optionally compress::cast<float16 | bfloat16>), all_gather with
+//              compress::topk, parameter_server (optionally compress::topk); parallel::zero1
+//              (the optimizer state sharded over the ranks). A data-parallel trainer takes this
+//              rank's communicator (comm::any_comm) at construction, which is collective.
+// The configuration must name the same policies, and a key of a policy not chosen is refused:
+// config_error, naming the key.
 //
-// One step: take the loader's next batch (data time), zero the gradients, forward in training
-// mode, softmax cross-entropy with gradient scaled by 1 / batch, backward, one optimizer update
-// per parameter tensor at the schedule's rate (compute time). Evaluation after every epoch.
-// Checkpoints every checkpoint_interval epochs and after the last, into checkpoint_dir/epoch-N/
-// (N epochs done), plus checkpoint_dir/epoch-N-step-S/ when max_steps stops a run mid-epoch.
-// With resume on, fit() continues from the newest valid checkpoint: the same batches, dropout
-// masks, rates and optimizer state follow, so a resumed run matches an uninterrupted one bit for
-// bit.
+// One step: zero the gradients; for each micro-batch, take the loader's next batch (data time),
+// forward in training mode, softmax cross-entropy with its gradient scaled by 1 / (samples of
+// the step), backward (compute time); with several ranks, average the gradients, bucket by
+// bucket during the last backward where the policy allows (comm time); with mixed precision,
+// unscale and check them, and skip the step on every rank when they are not finite; then one
+// optimizer update per parameter tensor at the schedule's rate. Evaluation after every epoch.
+// Checkpoints (train/checkpoint.hpp) every checkpoint_interval epochs, after the last epoch and
+// when max_steps stops a run; fit() resumes from the newest valid one as docs/train.md,
+// "Checkpoints", says. A resumed run restores the parameters, the optimizer and loss-scaler
+// state, the step and the loader's position, so that it matches an uninterrupted run bit for bit
+// (not with parameter_server_async, whose runs are not repeatable).
 
 #include <algorithm>
 #include <bit>

@@ -337,19 +337,31 @@ TEST_CASE("adaptive_controller: two ranks agree on the smaller micro-batch") {
   std::array<std::vector<std::size_t>, 2> micro;
   std::array<std::vector<std::size_t>, 2> peaks;
   std::array<std::vector<adaptive_event>, 2> events;
-  strata::comm::threads::run(2, [&](strata::comm::threads& c) {
-    const auto r = static_cast<std::size_t>(c.rank());
-    adaptive_controller ctl({.global_batch = 256, .initial_micro = 8}, {}, budget, memory[r].base);
+  strata::comm::threads::run(2, [&](strata::comm::threads& comm) {
+    const auto r = static_cast<std::size_t>(comm.rank());
+    // Each rank's memory: `base` bytes held outside the step, and the step's on top of them.
+    strata::memory_tracker tracker("rank" + std::to_string(r));
+    tracker.set_budget(budget);
+    tracker.reserve(memory[r].base);
+    strata::batch::tracker_monitor monitor(tracker);
+    adaptive_controller controller({.global_batch = 256, .initial_micro = 8}, {}, budget,
+                                   memory[r].base);
     for (std::uint64_t step = 1; step <= steps; ++step) {
-      const std::size_t peak = memory[r].peak(ctl.micro_batch());
-      const std::size_t mine = ctl.propose(step, peak, budget);
-      const std::size_t agreed = strata::batch::agree_micro_batch(c, mine);
-      ctl.apply(step, agreed, peak, budget);
+      monitor.reset_peak();
+      const std::size_t step_bytes = memory[r].peak(controller.micro_batch()) - memory[r].base;
+      tracker.reserve(step_bytes);  // the step runs
+      tracker.release(step_bytes);
+      // snippet-begin: agree
+      const std::size_t mine = controller.propose(step, monitor.peak(), monitor.budget());
+      controller.apply(step, strata::batch::agree_micro_batch(comm, mine), monitor.peak(),
+                       monitor.budget());
+      // snippet-end: agree
       proposals[r].push_back(mine);
-      micro[r].push_back(ctl.micro_batch());
-      peaks[r].push_back(peak);
+      micro[r].push_back(controller.micro_batch());
+      peaks[r].push_back(monitor.peak());
     }
-    events[r] = ctl.events();
+    events[r] = controller.events();
+    tracker.release(memory[r].base);
   });
   CHECK(micro[0] == micro[1]);
   CHECK(micro[0].back() == 104);

@@ -299,6 +299,54 @@ TEST_CASE("threads: every collective, every dtype and reduce_op, against a seria
   }
 }
 
+TEST_CASE("threads: run starts the ranks and joins them; all_reduce averages in place") {
+  std::vector<std::vector<float>> results(4);
+  // snippet-begin: run
+  strata::comm::threads::run(
+      4,
+      [&](strata::comm::threads& comm) {
+        std::vector<float> grads(1024, static_cast<float>(comm.rank()));  // 0, 1, 2, 3
+        strata::comm::all_reduce(comm, grads, strata::comm::reduce_op::avg);
+        results[static_cast<std::size_t>(comm.rank())] = grads;  // 1.5 on every rank
+      },
+      strata::comm::comm_config{.timeout = 30});
+  // snippet-end: run
+  for (const auto& r : results) {
+    CHECK(r == std::vector<float>(1024, 1.5f));
+  }
+}
+
+TEST_CASE("threads: the typed front ends take ranges and check their sizes on the calling rank") {
+  const std::size_t n = 6;
+  failures f;
+  threads::run(2, [&](threads& comm) {
+    const auto me = static_cast<float>(comm.rank());
+    const std::vector<float> shard(3, me);
+    std::vector<float> full(6);
+    std::vector<float> bucket(4, me + 1.0f);
+    // snippet-begin: typed
+    std::vector<float> grads(n, 1.0f);
+    strata::comm::all_reduce(comm, grads, strata::comm::reduce_op::avg);  // in place
+    strata::comm::all_gather(comm, shard, full);  // full holds size() shards: sizes checked
+    auto pending = strata::comm::all_reduce_async(comm, bucket);  // a sum; overlap ...
+    pending.wait();
+    // snippet-end: typed
+    f.expect(grads == std::vector<float>(n, 1.0f), "all_reduce avg");
+    f.expect(full == std::vector<float>{0.0f, 0.0f, 0.0f, 1.0f, 1.0f, 1.0f}, "all_gather");
+    f.expect(bucket == std::vector<float>(4, 3.0f), "all_reduce_async sum");
+    // Both ranks make the same wrong call: each throws before anything is sent.
+    std::vector<float> too_short(5);
+    try {
+      strata::comm::all_gather(comm, shard, too_short);
+      f.add("all_gather into 5 of 6 elements did not throw");
+    } catch (const comm_error& e) {
+      f.expect(e.kind() == comm_error_kind::invalid_argument, e.what());
+    }
+    comm.barrier();  // still in step
+  });
+  f.report();
+}
+
 TEST_CASE("threads: large counts (1000003 elements) of float and bfloat16") {
   for (const int n : {2, 3}) {
     CAPTURE(n);

@@ -361,6 +361,61 @@ TEST_CASE("N ranks with B/N samples each train like one rank with B") {
   }
 }
 
+TEST_CASE("a data-parallel trainer on thread ranks, as docs/parallel.md shows it") {
+  auto model = small_model();
+  const auto config = base_config("as-documented");
+  const blobs train{.n = 512};
+  const sd::identity augmentation{};
+  const blobs test{.n = 256, .salt = 1};
+  const sd::identity test_transform{};
+  std::vector<st::fit_summary> summaries(2);
+  // snippet-begin: threads
+  strata::comm::threads::run(2, [&](strata::comm::threads& comm) {
+    auto cfg = config;             // a strata::config::train_config
+    cfg.world_size = 2;            // must equal the communicator's size
+    cfg.batch_size_per_gpu = 128;  // per rank: a global batch of 256
+    strata::train::trainer<decltype(model), strata::parallel::data<>> run(
+        model, cfg, strata::comm::any_comm(comm));
+    summaries[static_cast<std::size_t>(comm.rank())] =
+        run.fit(train, augmentation, test, test_transform);
+  });
+  // snippet-end: threads
+  for (const st::fit_summary& s : summaries) {
+    CHECK(s.epochs_done == 2);
+    CHECK(s.steps == 2 * 2);  // 512 samples make 2 steps of 256 per epoch
+  }
+  CHECK(summaries[1].params_xxh3 == summaries[0].params_xxh3);  // every rank holds the same model
+}
+
+TEST_CASE("policies of three families and a communicator make one trainer") {
+  auto cfg = base_config("composed");
+  cfg.world_size = 2;
+  cfg.adaptive_batch = true;  // the configuration names the policies too
+  cfg.memory_budget_mb = 256;
+  cfg.mixed_precision_dtype = strata::config::precision_dtype::bfloat16;
+  auto model = small_model();
+  std::vector<run_record> records(2);
+  threads::run(2, [&](threads& comm) {
+    // snippet-begin: compose
+    // One policy per family, in any order; a family not named keeps its default.
+    using trainer_type = strata::train::trainer<decltype(model),            // a sequential<...>
+                                                strata::batch::adaptive,    // micro-batch by memory
+                                                strata::precision::bf16,    // bfloat16 compute
+                                                strata::parallel::data<>>;  // all-reduce in buckets
+    // The communicator is not a policy: the constructor takes any one (threads, MPI, ...).
+    trainer_type run(model, cfg, strata::comm::any_comm(comm));
+    // snippet-end: compose
+    records[static_cast<std::size_t>(comm.rank())] = record(run);
+  });
+  REQUIRE(records[0].steps.size() == 2 * 4);  // 256 samples per rank, 64 per rank and step
+  for (const auto& step : records[0].steps) {
+    CHECK(step.samples == 128);
+    CHECK(step.micro_batch >= 1);
+    CHECK(step.micro_batch <= 64);
+  }
+  CHECK(records[1].params == records[0].params);
+}
+
 TEST_CASE("a layer larger than a bucket is reduced in parts and trains like one rank, zero1 too") {
   // Group 0: 8 x 33000 + 33000 = 297000 floats, more than the 1 MiB bucket (262144 floats).
   const auto wide_model = [] {

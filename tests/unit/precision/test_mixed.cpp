@@ -3,6 +3,7 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -12,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "strata/batch/adaptive.hpp"
 #include "strata/comm/threads.hpp"
 #include "strata/core/round.hpp"
 #include "strata/data/transforms.hpp"
@@ -392,21 +394,45 @@ TEST_CASE("a precision policy and a different mixed_precision_dtype are refused 
                        doctest::Contains("loss_scale_min"), strata::config_error);
 }
 
+TEST_CASE("a precision policy goes into the trainer by name; the configuration names its type") {
+  auto model = small_model();
+  auto cfg = base_config("by-name");
+  // snippet-begin: policies
+  cfg.mixed_precision_dtype = strata::config::precision_dtype::bfloat16;  // cfg: a train_config
+  strata::train::trainer<decltype(model), strata::precision::bf16> run(model, cfg);
+
+  // float16 with the dynamic loss scaler, beside another family's policy (in any order)
+  cfg.mixed_precision_dtype = strata::config::precision_dtype::float16;
+  cfg.adaptive_batch = true;  // batch::adaptive, too, must be named by the configuration
+  strata::train::trainer<decltype(model), strata::precision::fp16, strata::batch::adaptive> run16(
+      model, cfg);
+  // snippet-end: policies
+  CHECK(run.loss_scale() == 1.0);  // bf16: no loss scaler
+  CHECK(run16.loss_scale() == cfg.loss_scale_initial);
+  CHECK(run.skipped_steps() == 0);
+  CHECK(run16.skipped_steps() == 0);
+  // Both keep float32 master weights, initialised alike.
+  CHECK(std::ranges::equal(run.params().values(), run16.params().values()));
+}
+
 TEST_CASE("an overflow on one rank makes every rank skip with the same scale") {
   // Two ranks, each with its own gradients and scaler; rank 1 alone overflows at steps 2 and 5.
   std::vector<sp::loss_scaler_state> final_states(2);
   std::vector<std::vector<bool>> applied(2);
-  strata::comm::threads::run(2, [&](strata::comm::threads& c) {
+  strata::comm::threads::run(2, [&](strata::comm::threads& comm) {
     sp::dynamic_loss_scaler scaler({.growth_interval = 3});
-    const int r = c.rank();
+    const int r = comm.rank();
     for (std::uint64_t step = 0; step < 8; ++step) {
       std::vector<float> grads(64, 0.25f * static_cast<float>(r + 1));
       if (r == 1 && (step == 2 || step == 5)) {
         grads[7] = std::numeric_limits<float>::infinity();
       }
-      const bool finite = sp::unscale_and_check(grads, scaler.scale());
-      const bool overflow = sp::any_rank_overflowed(c, !finite);
-      applied[static_cast<std::size_t>(r)].push_back(scaler.update(overflow));
+      // snippet-begin: any_rank_overflowed
+      const bool finite = strata::precision::unscale_and_check(grads, scaler.scale());
+      const bool overflow = strata::precision::any_rank_overflowed(comm, !finite);
+      const bool apply = scaler.update(overflow);  // the same on every rank: step or skip
+      // snippet-end: any_rank_overflowed
+      applied[static_cast<std::size_t>(r)].push_back(apply);
     }
     final_states[static_cast<std::size_t>(r)] = scaler.state();
   });

@@ -20,6 +20,7 @@
 #include "strata/model/layers.hpp"
 #include "strata/model/sequential.hpp"
 #include "strata/parallel/data.hpp"
+#include "strata/precision/mixed.hpp"
 #include "strata/train/trainer.hpp"
 
 #include "../common/blobs.hpp"
@@ -177,6 +178,28 @@ TEST_CASE("adaptive_batch and the batch policy must agree") {
   CHECK_THROWS_WITH_AS((st::trainer<decltype(wide_model()), strata::batch::adaptive>(
                            wide_model(), cfg, {.print_progress = false})),
                        doctest::Contains("adaptive_batch = true"), strata::config_error);
+}
+
+TEST_CASE("a batch policy goes into the trainer by name, beside another family's policy") {
+  auto model = wide_model();
+  auto cfg = base_config("by-name");  // 8 micro-batches of 16
+  // snippet-begin: policies
+  // k = gradient_accumulation_steps micro-batches of batch_size_per_gpu per step
+  strata::train::trainer<decltype(model), strata::batch::accumulate> run(model, cfg);
+
+  // the micro-batch follows memory, here with float16 storage; the configuration names both
+  cfg.adaptive_batch = true;
+  cfg.mixed_precision_dtype = strata::config::precision_dtype::float16;
+  strata::train::trainer<decltype(model), strata::batch::adaptive, strata::precision::fp16> run16(
+      model, cfg);
+  // snippet-end: policies
+  CHECK(run.config().gradient_accumulation_steps == 8);
+  CHECK_FALSE(run.config().adaptive_batch);
+  CHECK(run16.config().adaptive_batch);
+  CHECK(run.loss_scale() == 1.0);                       // fp32: no loss scaler
+  CHECK(run16.loss_scale() == cfg.loss_scale_initial);  // fp16: the dynamic loss scaler's start
+  // Policies do not change where training starts.
+  CHECK(std::ranges::equal(run.params().values(), run16.params().values()));
 }
 
 TEST_CASE("keys of policies the trainer does not run are refused, not ignored") {
