@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-# Runs PROGRAM with ARGS and checks that it exits with status EXPECT and prints an error line.
+# Runs PROGRAM with ARGS and checks that it exits with status EXPECT and prints an error line
+# (matching MESSAGE when given).
 cmake_minimum_required(VERSION 3.25)  # modern policies (CMP0054: quoted if() arguments)
 execute_process(COMMAND "${PROGRAM}" ${ARGS} RESULT_VARIABLE _rc OUTPUT_VARIABLE _out
   ERROR_VARIABLE _err)
@@ -8,5 +9,8 @@ if(NOT _rc STREQUAL "${EXPECT}")
 endif()
 if(NOT _err MATCHES "config error")
   message(FATAL_ERROR "${PROGRAM} ${ARGS}: no 'config error' message on stderr:\n${_err}")
+endif()
+if(DEFINED MESSAGE AND NOT _err MATCHES "${MESSAGE}")
+  message(FATAL_ERROR "${PROGRAM} ${ARGS}: the message does not match '${MESSAGE}':\n${_err}")
 endif()
 message(STATUS "exit ${_rc} as expected: ${_err}")

@@ -3,7 +3,8 @@
 # (optionally under LAUNCHER, e.g. "mpiexec;-n;2;--allow-run-as-root") with ARGS and each
 # policy's keys, and checks every run against the plain all-reduce run:
 #   - gradient_sync = parameter_server, hierarchical and zero_stage = 1, and adaptive_batch = true
-#     (with all_reduce and zero1) compute the same average gradient: test loss within 0.001;
+#     (with all_reduce and zero1) compute the same average gradient: test loss within 0.001 (the
+#     adaptive zero1 case against all-reduce with the same micro-batches);
 #   - gradient_compression = float16 / bfloat16 (all-reduce; float16 hierarchical) and top-k (ratio 0.1, through the parameter
 #     server and by all-gather) train on approximations: test accuracy within 3 points.
 #   cmake -DPROGRAM=... -DWORK=dir "-DARGS=--world_size;2;..." [-DLAUNCHER=...] -P file
@@ -33,14 +34,20 @@ function(run_case name)
   set(${name}_loss "${loss}" PARENT_SCOPE)
 endfunction()
 
+# check_within(name what tolerance [reference]): the case against the reference run (default:
+# `reference`, the plain all-reduce).
 function(check_within name what tolerance)
-  math(EXPR diff "${${name}_${what}} - ${reference_${what}}")
+  set(ref reference)
+  if(ARGC GREATER 3)
+    set(ref "${ARGV3}")
+  endif()
+  math(EXPR diff "${${name}_${what}} - ${${ref}_${what}}")
   if(diff LESS 0)
     math(EXPR diff "0 - ${diff}")
   endif()
   if(diff GREATER tolerance)
-    message(FATAL_ERROR "${name}: test ${what} ${${name}_${what}} against all_reduce's "
-      "${reference_${what}} (units of 1e-4): more than ${tolerance} apart")
+    message(FATAL_ERROR "${name}: test ${what} ${${name}_${what}} against ${ref}'s "
+      "${${ref}_${what}} (units of 1e-4): more than ${tolerance} apart")
   endif()
 endfunction()
 
@@ -56,10 +63,15 @@ check_within(zero1 loss 10)
 # smallest; the same global batches, so the same average gradient.
 run_case(adaptive --adaptive_batch true --memory_budget_mb 256)
 check_within(adaptive loss 10)
-# (zero1: micro-batches of 8, four to a step of the reference's 32 samples per rank.)
-run_case(adaptive_zero1 --adaptive_batch true --memory_budget_mb 256 --zero_stage 1
-  --batch_size_per_gpu 8 --gradient_accumulation_steps 4 --adaptive_batch_max 8)
-check_within(adaptive_zero1 loss 10)
+# (zero1: micro-batches of 8, four to a step of the reference's 32 samples per rank, against the
+# plain all-reduce accumulating the same four micro-batches: the sums are associated alike. Against
+# the reference's whole batches the loss drifts by a few 1e-4 with the CPU's vector width.)
+set(micro8 --batch_size_per_gpu 8 --gradient_accumulation_steps 4)
+run_case(accumulate8 ${micro8})
+check_within(accumulate8 accuracy 300)
+run_case(adaptive_zero1 --adaptive_batch true --memory_budget_mb 256 --zero_stage 1 ${micro8}
+  --adaptive_batch_max 8)
+check_within(adaptive_zero1 loss 10 accumulate8)
 # The compressed ones.
 run_case(float16 --gradient_compression float16)
 check_within(float16 accuracy 300)

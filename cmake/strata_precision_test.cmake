@@ -1,9 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
 # Mixed precision against float32 on real data: runs PROGRAM (a trainer binary) once with
-# mixed_precision_dtype = float32 and once with DTYPE, the rest of ARGS equal, and checks that
-# the test accuracies of the two summaries differ by at most TOLERANCE (a fraction: 0.005 is
-# half a point).
-#   cmake -DPROGRAM=... -DWORK=dir -DDTYPE=bfloat16 -DTOLERANCE=0.005 "-DARGS=--epochs;3" -P file
+# mixed_precision_dtype = float32 and once with each of DTYPES, the rest of ARGS equal, and
+# checks that each one's test accuracy differs from float32's by at most TOLERANCE (a fraction:
+# 0.005 is half a point).
+#   cmake -DPROGRAM=... -DWORK=dir "-DDTYPES=bfloat16;float16" -DTOLERANCE=0.005
+#         "-DARGS=--epochs;3" -P file
 cmake_minimum_required(VERSION 3.25)
 file(REMOVE_RECURSE "${WORK}")
 
@@ -24,17 +25,19 @@ function(accuracy dtype out_var)
 endfunction()
 
 accuracy(float32 reference)
-accuracy(${DTYPE} mixed)
 include("${CMAKE_CURRENT_LIST_DIR}/strata_units.cmake")  # to_units: compare in units of 1e-4
 to_units("${reference}" ref_digits)
-to_units("${mixed}" mixed_digits)
 to_units("${TOLERANCE}" tol_digits)
-math(EXPR diff "${mixed_digits} - ${ref_digits}")
-if(diff LESS 0)
-  math(EXPR diff "0 - ${diff}")
-endif()
-if(diff GREATER tol_digits)
-  message(FATAL_ERROR "${DTYPE} reached ${mixed}, float32 ${reference}: they differ by more than "
-    "${TOLERANCE}")
-endif()
-message(STATUS "${DTYPE} ${mixed} vs float32 ${reference}: within ${TOLERANCE}")
+foreach(dtype IN LISTS DTYPES)
+  accuracy(${dtype} mixed)
+  to_units("${mixed}" mixed_digits)
+  math(EXPR diff "${mixed_digits} - ${ref_digits}")
+  if(diff LESS 0)
+    math(EXPR diff "0 - ${diff}")
+  endif()
+  if(diff GREATER tol_digits)
+    message(FATAL_ERROR "${dtype} reached ${mixed}, float32 ${reference}: they differ by more "
+      "than ${TOLERANCE}")
+  endif()
+  message(STATUS "${dtype} ${mixed} vs float32 ${reference}: within ${TOLERANCE}")
+endforeach()

@@ -101,7 +101,7 @@ sc::train_config base_config(const std::string& data_dir) {
   sc::train_config cfg;
   cfg.data_dir = data_dir;
   cfg.loader_workers = 1;
-  cfg.resume = false;
+  cfg.resume = strata::config::resume_mode::never;
   cfg.checkpoint_interval = 0;
   cfg.checkpoint_dir = (std::filesystem::temp_directory_path() / "strata_bench_memory").string();
   cfg.epochs = 1;
@@ -142,6 +142,7 @@ nlohmann::json adaptive_trace(const options& o, const sd::idx_dataset& train,
   std::vector<st::step_metrics> steps;
   run.on_step([&](const st::step_metrics& m) { steps.push_back(m); });
   run.fit(train, sd::fashion_mnist_normalize(), test, sd::fashion_mnist_normalize());
+  std::filesystem::remove_all(run.run().directory);  // a measurement keeps no checkpoints
   nlohmann::json rows = nlohmann::json::array();
   double worst = 0.0;
   std::size_t settled = steps.size();  // first step from which every peak is in [90%, 100%]

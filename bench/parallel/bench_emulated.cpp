@@ -265,7 +265,7 @@ sc::train_config training_config(const options& o, std::size_t steps) {
   cfg.loader_workers = 1;
   cfg.checkpoint_interval = 0;
   cfg.checkpoint_dir = (std::filesystem::temp_directory_path() / "strata_bench_emulated").string();
-  cfg.resume = false;
+  cfg.resume = strata::config::resume_mode::never;
   cfg.lr = 0.05;
   cfg.momentum = 0.9;
   cfg.nesterov = true;
@@ -341,6 +341,8 @@ training_result run_training(MakeModel&& make_model, sc::train_config cfg, const
     const std::uint64_t bytes_before = link.bytes_sent_with_splits();
     const st::fit_summary summary =
         trainer.fit(data.train, augment, data.test, sd::fashion_mnist_normalize());
+    std::error_code ignored;  // a measurement keeps no checkpoints (every rank tries)
+    std::filesystem::remove_all(trainer.run().directory, ignored);
     if (me == 0) {
       result.bytes_sent = link.bytes_sent_with_splits() - bytes_before;
       // The timed steps' own traffic (evaluation and checkpoints happen between them).

@@ -104,7 +104,7 @@ strata::config::train_config run_config(const options& o, const std::filesystem:
   cfg.max_eval_samples = static_cast<std::int64_t>(o.batch);
   cfg.checkpoint_dir = dir.string();
   cfg.checkpoint_interval = 0;
-  cfg.resume = false;
+  cfg.resume = strata::config::resume_mode::never;
   cfg.lr_schedule = strata::config::lr_schedule_kind::constant;
   cfg.warmup_epochs = 0.0;
   return cfg;

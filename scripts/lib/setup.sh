@@ -9,6 +9,10 @@ STRATA_PACKAGES=(
   dataset-fashion-mnist clang-format
 )
 
+# How scripts/test and scripts/demo configure build/ (the same cache, so neither rebuilds the
+# other's work): RelWithDebInfo, whose flags CMakeLists.txt sets to -O1 -g1 for the tests.
+STRATA_CMAKE_ARGS=(-DCMAKE_BUILD_TYPE=RelWithDebInfo)
+
 # Installs whatever of STRATA_PACKAGES is missing: `apt-get update` once, then only those.
 strata_install_packages() {
   local missing=()

@@ -99,11 +99,15 @@ void set_from_node(train_config& cfg, const Key& key, const toml::node& node,
     }
     target = *node.value<std::string>();
   } else {
-    if (!node.is_string()) {
-      throw wrong_type();
-    }
     using enum_type = std::remove_cvref_t<decltype(target)>;
-    target = parse_enum_or_throw<enum_type>(*node.value<std::string_view>(), where);
+    // An enum with values named true and false (resume) also takes a TOML boolean.
+    if (node.is_boolean() && parse_enum<enum_type>("true") && parse_enum<enum_type>("false")) {
+      target = *parse_enum<enum_type>(*node.value<bool>() ? "true" : "false");
+    } else if (!node.is_string()) {
+      throw wrong_type();
+    } else {
+      target = parse_enum_or_throw<enum_type>(*node.value<std::string_view>(), where);
+    }
   }
   check_range(cfg, key, where);
 }

@@ -31,6 +31,9 @@ enum class gradient_sync_kind { all_reduce, parameter_server, hierarchical, all_
 enum class compression_kind { none, float16, bfloat16, topk };
 enum class sampler_remainder_kind { pad, drop };
 enum class bucket_launch_kind { automatic, async, blocking };
+// auto: continue this run's newest checkpoint if there is one; true: demand one; false: start
+// afresh (an earlier run of the same name is kept aside).
+enum class resume_mode { automatic, required, never };
 
 // The spelling of each enum value in TOML and on the command line.
 template <class E>
@@ -69,6 +72,11 @@ struct enum_names<compression_kind> {
 template <>
 struct enum_names<bucket_launch_kind> {
   static constexpr std::array<std::string_view, 3> names{"auto", "async", "blocking"};
+};
+
+template <>
+struct enum_names<resume_mode> {
+  static constexpr std::array<std::string_view, 3> names{"auto", "true", "false"};
 };
 
 template <>
@@ -150,7 +158,8 @@ struct train_config {
   // Checkpoints.
   std::string checkpoint_dir = "checkpoints";
   std::int64_t checkpoint_keep = 3;
-  bool resume = true;  // continue from the newest valid checkpoint in checkpoint_dir
+  std::string run_name{};  // checkpoints go to checkpoint_dir/<run name>; empty = run-<fingerprint>
+  resume_mode resume = resume_mode::automatic;
 
   // Run control and reporting.
   std::int64_t max_steps = 0;          // stop (saving a checkpoint) after this many steps; 0 = none
@@ -297,11 +306,18 @@ constexpr void visit_keys(Visitor&& v) {
       "Samples beyond a multiple of the data-parallel ranks: pad by repeating, or drop."});
   v(bool_key{"drop_last", &c::drop_last, "Drop each rank's last partial batch of an epoch."});
   // Checkpoints.
-  v(string_key{"checkpoint_dir", &c::checkpoint_dir, "Directory of epoch-N/ checkpoints."});
+  v(string_key{"checkpoint_dir", &c::checkpoint_dir,
+               "Directory of the runs' checkpoint directories (<run name>/epoch-N/)."});
+  v(string_key{"run_name", &c::run_name,
+               "This run's directory under checkpoint_dir; empty = run-<fingerprint>, 8 hex digits "
+               "of the settings that shape the training state and of the model's tensors."});
   v(int_key{"checkpoint_keep", &c::checkpoint_keep, 1, 1 << 20,
             "Newest checkpoints kept; older ones are removed."});
-  v(bool_key{"resume", &c::resume,
-             "Continue from the newest valid checkpoint in checkpoint_dir, if there is one."});
+  v(enum_key<resume_mode>{
+      "resume", &c::resume,
+      "auto: continue the newest valid checkpoint of this run (same fingerprint) if there is "
+      "one; true: demand one; false: start afresh, keeping an earlier run's checkpoints aside "
+      "(<run name>.1, .2, ...)."});
   // Run control and reporting.
   v(int_key{"max_steps", &c::max_steps, 0, int_max,
             "Stop after this many optimizer steps in all, saving a checkpoint; 0 = no limit."});
@@ -499,7 +515,9 @@ std::string value_text(const train_config& cfg, const Key& key) {
   } else if constexpr (std::is_same_v<Key, string_key>) {
     return detail::quote(value);
   } else {
-    return detail::quote(to_string(value));
+    const std::string_view name = to_string(value);
+    // resume = true / false read back as TOML booleans; "auto" and other names as strings.
+    return name == "true" || name == "false" ? std::string(name) : detail::quote(name);
   }
 }
 

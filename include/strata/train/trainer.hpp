@@ -91,6 +91,7 @@
 #include "strata/train/estimate_memory.hpp"
 #include "strata/train/metrics.hpp"
 #include "strata/train/progress.hpp"
+#include "strata/train/run.hpp"
 
 namespace strata::train {
 
@@ -105,6 +106,7 @@ struct fit_summary {
   double wall_seconds = 0.0;        // fit() from start to end
   std::string params_xxh3{};        // of the final parameters, hex
   std::string resumed_from{};       // checkpoint name; empty when started fresh
+  std::string run_directory{};      // checkpoint_dir/<run name>: this run's checkpoints
   bool stopped_by_max_steps = false;
 
   friend bool operator==(const fit_summary&, const fit_summary&) = default;
@@ -134,29 +136,6 @@ inline std::string xxh3_hex(std::span<const float> values) {
   char text[17];
   std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(h));
   return text;
-}
-
-// The hash of the keys that change the numbers of a run (not where files go, how many loader
-// threads run, how progress is shown or when the run stops), for the checkpoint manifest.
-inline std::string config_hash(config::train_config cfg) {
-  const config::train_config defaults{};
-  cfg.data_dir = defaults.data_dir;
-  cfg.loader_workers = defaults.loader_workers;
-  cfg.prefetch_depth = defaults.prefetch_depth;
-  cfg.loader_timeout = defaults.loader_timeout;
-  cfg.checkpoint_dir = defaults.checkpoint_dir;
-  cfg.checkpoint_keep = defaults.checkpoint_keep;
-  cfg.checkpoint_interval = defaults.checkpoint_interval;
-  cfg.resume = defaults.resume;
-  cfg.max_steps = defaults.max_steps;
-  cfg.metrics_file = defaults.metrics_file;
-  cfg.log_every = defaults.log_every;
-  cfg.comm_timeout = defaults.comm_timeout;
-  const std::string text = config::print_toml(cfg);
-  char out[17];
-  std::snprintf(out, sizeof out, "%016llx",
-                static_cast<unsigned long long>(XXH3_64bits(text.data(), text.size())));
-  return out;
 }
 
 namespace detail {
@@ -252,6 +231,7 @@ class trainer {
                                   " is not a vector of class scores (1x1xclasses)");
     }
     params_.initialize(static_cast<std::uint64_t>(cfg_.seed));
+    run_ = make_run_identity(cfg_, params_);
     // The GEMM's threads, for the whole process (every rank of comm::threads sets the same
     // count before the collective broadcast below).
     if (cfg_.blas_threads != 0) {
@@ -310,6 +290,8 @@ class trainer {
   model::param_store& params() noexcept { return params_; }
   const model::param_store& params() const noexcept { return params_; }
   std::uint64_t step() const noexcept { return step_; }
+  // This run's name, fingerprint and checkpoint directory (train/run.hpp).
+  const run_identity& run() const noexcept { return run_; }
   // The host memory budget, in bytes, that this rank's adaptive micro-batch keeps within:
   // memory_budget_mb, which is each rank's; unset (0), batch::default_memory_budget() divided by
   // comm::ranks_sharing_memory (every thread rank of comm::threads; the node's ranks under
@@ -418,23 +400,34 @@ class trainer {
     const auto epochs = static_cast<std::uint64_t>(cfg_.epochs);
     const auto schedule = optim::make_lr_schedule(schedule_config(steps_per_epoch));
 
-    checkpoint_store store({.dir = cfg_.checkpoint_dir,
+    checkpoint_store store({.dir = run_.directory,
                             .keep = static_cast<std::size_t>(cfg_.checkpoint_keep),
-                            .config_hash = config_hash(cfg_)});
+                            .config_hash = run_.fingerprint});
     progress bar({.enabled = options_.print_progress && rank() == 0,
                   .log_every = static_cast<std::uint64_t>(cfg_.log_every),
                   .terminal = options_.terminal,
                   .out = options_.progress_out});
 
     fit_summary summary;
+    summary.run_directory = run_.directory.string();
     std::uint64_t epoch = 0;
     std::uint64_t first_batch = 0;
-    if (cfg_.resume) {
+    if (cfg_.resume != config::resume_mode::never) {
       if (auto resumed = resume(store, bar)) {
         epoch = resumed->epoch;
         first_batch = resumed->next_batch;
         summary.resumed_from = resumed->name;
       }
+    }
+    set_aside_pending_ = summary.resumed_from.empty();
+    if (summary.resumed_from.empty()) {
+      bar.message("run " + run_.name + ": starting afresh, checkpoints in " +
+                  run_.directory.string());
+    } else if (epoch >= epochs) {
+      bar.message("run " + run_.name + " has trained " + std::to_string(epoch) +
+                  " epochs, epochs = " + std::to_string(epochs) +
+                  ": nothing to train (raise epochs to train longer, or resume = false to start "
+                  "afresh)");
     }
     metrics_writer metrics(cfg_.metrics_file, !summary.resumed_from.empty());
 
@@ -1598,15 +1591,16 @@ class trainer {
   // gradient to its shard and send the workers the new values, until worker 0 says finish.
   fit_summary serve() {
     const auto begin = clock::now();
-    checkpoint_store store({.dir = cfg_.checkpoint_dir,
+    checkpoint_store store({.dir = run_.directory,
                             .keep = static_cast<std::size_t>(cfg_.checkpoint_keep),
-                            .config_hash = config_hash(cfg_)});
+                            .config_hash = run_.fingerprint});
     progress quiet({.enabled = false,
                     .log_every = 1,
                     .terminal = options_.terminal,
                     .out = options_.progress_out});
     fit_summary summary;
-    if (cfg_.resume) {
+    summary.run_directory = run_.directory.string();
+    if (cfg_.resume != config::resume_mode::never) {
       if (auto resumed = resume(store, quiet)) {
         summary.resumed_from = resumed->name;
       }
@@ -1743,14 +1737,47 @@ class trainer {
     }
     // Every rank holds the same parameters and optimizer state: rank 0 writes them, and the
     // others wait until it has (so that a rank never runs ahead of the newest checkpoint).
+    state["run"] = run_.to_json();
     std::string where;
     if (rank() == 0) {
+      if (set_aside_pending_) {
+        // A run that did not continue its directory's checkpoints keeps them, moved aside.
+        if (const auto to = set_aside(run_.directory)) {
+          bar.message("run " + run_.name + ": the earlier checkpoints of this name are kept in " +
+                      to->string());
+        }
+      }
       where = store.save({.epoch = epoch, .step = next_batch}, state, blobs).path.string();
     }
+    set_aside_pending_ = false;
     if constexpr (distributed) {
       comm_->barrier();
     }
     bar.message("checkpoint " + where);
+  }
+
+  // resume = true without a checkpoint of this run: where it looked, what it skipped, and the
+  // runs beside it with what differs.
+  std::string no_checkpoint_message(const std::vector<checkpoint_error>& skipped) const {
+    std::string text = "resume = true, but " + run_.directory.string() +
+                       " holds no checkpoint of this run (" + run_.name + ")";
+    for (const checkpoint_error& e : skipped) {
+      text += std::string("; skipped: ") + e.what();
+    }
+    for (const other_run& other : other_runs(run_)) {
+      text += "; " + other.directory.string() + " (" + other.checkpoint + ") is another run";
+      if (other.record.is_null()) {
+        continue;
+      }
+      const std::vector<std::string> d = run_differences(other.record, run_);
+      for (std::size_t i = 0; i < d.size() && i < 3; ++i) {
+        text += (i == 0 ? ": " : ", ") + d[i];
+      }
+      if (d.size() > 3) {
+        text += ", and " + std::to_string(d.size() - 3) + " more";
+      }
+    }
+    return text + ". resume = auto starts afresh when there is none";
   }
 
   std::optional<resume_point> resume(checkpoint_store& store, progress& bar) {
@@ -1760,10 +1787,33 @@ class trainer {
       bar.message(std::string("checkpoint skipped: ") + p.what());
     }
     if (!loaded) {
+      if (cfg_.resume == config::resume_mode::required) {
+        throw config_error({.key = "resume"}, no_checkpoint_message(problems));
+      }
       return std::nullopt;
     }
-    check_config_hash(*loaded, config_hash(cfg_));
     const nlohmann::json& s = loaded->state;
+    const nlohmann::json saved_run = s.contains("run") ? s.at("run") : nlohmann::json();
+    const std::vector<std::string> differences = run_differences(saved_run, run_);
+    if (!differences.empty()) {
+      std::string text = "the checkpoint " + loaded->info.path.string() +
+                         " was written by a run with other settings: ";
+      for (std::size_t i = 0; i < differences.size(); ++i) {
+        text += (i == 0 ? "" : "; ") + differences[i];
+      }
+      throw config_error(
+          {.key = cfg_.run_name.empty() ? "resume" : "run_name"},
+          text +
+              ". Give this run another run_name, or resume = false to start afresh (the "
+              "earlier checkpoints are kept aside)");
+    }
+    check_config_hash(*loaded, run_.fingerprint);
+    if (const auto then = saved_setting(saved_run, "epochs");
+        then && *then != std::to_string(cfg_.epochs)) {
+      bar.message("epochs: " + *then + " in the checkpoint, " + std::to_string(cfg_.epochs) +
+                  " in this run: the learning-rate schedule is recomputed for " +
+                  std::to_string(cfg_.epochs) + " epochs");
+    }
     loaded->copy_blob("rank-0.params.bin", params_.values());
     if constexpr (state_sharded) {
       // Each rank that holds a shard takes its own.
@@ -1801,8 +1851,8 @@ class trainer {
     resume_point point{.epoch = s.at("epoch").get<std::uint64_t>(),
                        .next_batch = s.at("next_batch").get<std::uint64_t>(),
                        .name = loaded->info.name};
-    bar.message("resumed from " + loaded->info.path.string() + " (step " + std::to_string(step_) +
-                ")");
+    bar.message("run " + run_.name + ": resumed from " + loaded->info.path.string() + " (step " +
+                std::to_string(step_) + ")");
     return point;
   }
 
@@ -1816,6 +1866,8 @@ class trainer {
   model::softmax_cross_entropy loss_{};
   typename Model::workspace_type eval_work_{};
   std::uint64_t step_ = 0;
+  run_identity run_{};
+  bool set_aside_pending_ = false;  // fresh run: move earlier checkpoints aside at the first save
   std::vector<std::function<void(const step_metrics&)>> step_callbacks_{};
   std::vector<std::function<void(const epoch_metrics&)>> epoch_callbacks_{};
   std::vector<std::function<void(std::uint64_t, std::span<float>)>> gradient_callbacks_{};

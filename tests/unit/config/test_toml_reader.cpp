@@ -158,3 +158,28 @@ TEST_CASE("set_key parses every kind of value from text") {
   CHECK(
       contains(error_of([&] { sc::set_key(cfg, "epoch", "3"); }).what(), "did you mean 'epochs'?"));
 }
+
+TEST_CASE("resume reads \"auto\", a TOML boolean or its text, and prints back to the same") {
+  CHECK(sc::train_config{}.resume == sc::resume_mode::automatic);
+  CHECK(sc::parse_toml("resume = \"auto\"").resume == sc::resume_mode::automatic);
+  CHECK(sc::parse_toml("resume = true").resume == sc::resume_mode::required);
+  CHECK(sc::parse_toml("resume = false").resume == sc::resume_mode::never);
+  CHECK(sc::parse_toml("resume = \"false\"").resume == sc::resume_mode::never);
+  sc::train_config cfg;
+  sc::set_key(cfg, "resume", "true");
+  CHECK(cfg.resume == sc::resume_mode::required);
+  sc::set_key(cfg, "run_name", "baseline");
+  CHECK(cfg.run_name == "baseline");
+  // true / false print as TOML booleans, auto as a string; each reads back equal.
+  for (const auto mode :
+       {sc::resume_mode::automatic, sc::resume_mode::required, sc::resume_mode::never}) {
+    cfg.resume = mode;
+    CHECK(sc::parse_toml(sc::print_toml(cfg)) == cfg);
+  }
+  cfg.resume = sc::resume_mode::never;
+  CHECK(contains(sc::print_toml(cfg), "resume = false "));
+  const auto e = error_of([] { (void)sc::parse_toml("resume = \"sometimes\""); });
+  CHECK(contains(e.what(), "resume"));
+  CHECK(contains(e.what(), "auto | true | false"));
+  CHECK(contains(error_of([] { (void)sc::parse_toml("resume = 1"); }).what(), "found integer"));
+}

@@ -408,7 +408,7 @@ TEST_CASE("the three user layers train with the trainer") {
   cfg.warmup_epochs = 0.5;
   cfg.loader_workers = 1;
   cfg.checkpoint_dir = (dir / "checkpoints").string();
-  cfg.resume = false;
+  cfg.resume = strata::config::resume_mode::never;
 
   const auto model = sm::sequential(
       features8, sm::linear{.in = 8, .out = 16}, scaled_tanh{.alpha = 1.0f}, scale{.features = 16},

@@ -106,10 +106,14 @@ TEST_CASE("the trainer learns, reports and checkpoints") {
   CHECK(steps == 48);
   CHECK(epochs == 3);
 
-  // Checkpoints after every epoch, the newest two kept.
-  CHECK_FALSE(fs::exists(dir / "ckpt" / "epoch-1"));
-  CHECK(fs::exists(dir / "ckpt" / "epoch-2" / "manifest.json"));
-  CHECK(fs::exists(dir / "ckpt" / "epoch-3" / "manifest.json"));
+  // Checkpoints after every epoch under checkpoint_dir/run-<fingerprint>, the newest two kept.
+  const fs::path run_dir = r.summary.run_directory;
+  CHECK(run_dir.parent_path() == dir / "ckpt");
+  CHECK(run_dir.filename().string().starts_with("run-"));
+  CHECK(run_dir.filename().string().size() == 12);
+  CHECK_FALSE(fs::exists(run_dir / "epoch-1"));
+  CHECK(fs::exists(run_dir / "epoch-2" / "manifest.json"));
+  CHECK(fs::exists(run_dir / "epoch-3" / "manifest.json"));
 }
 
 TEST_CASE("a run stopped and resumed matches an uninterrupted run bit for bit") {
@@ -140,9 +144,10 @@ TEST_CASE("a corrupt newest checkpoint is reported and the previous one used") {
   const fs::path dir = work_dir("corrupt");
   auto cfg = base_config(dir);
   cfg.max_steps = 32;  // checkpoints epoch-1 and epoch-2
-  run(cfg);
   // Damage the newest checkpoint's parameters.
-  const fs::path shard = dir / "ckpt" / "epoch-2" / "rank-0.params.bin";
+  cfg.run_name = "corrupt";  // a name of its own: checkpoint_dir/corrupt
+  run(cfg);
+  const fs::path shard = dir / "ckpt" / "corrupt" / "epoch-2" / "rank-0.params.bin";
   REQUIRE(fs::exists(shard));
   {
     std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
@@ -168,16 +173,106 @@ TEST_CASE("a corrupt newest checkpoint is reported and the previous one used") {
   CHECK(log_text.find("resumed from") != std::string::npos);
 }
 
-TEST_CASE("a run of another configuration refuses the checkpoint") {
-  const fs::path dir = work_dir("other-config");
+// The message of the config_error `f` throws (fails the test if it throws none).
+template <class F>
+std::string config_error_of(F&& f) {
+  try {
+    f();
+  } catch (const strata::config_error& e) {
+    return e.what();
+  }
+  FAIL("no config_error");
+  return {};
+}
+
+TEST_CASE("runs with other settings never share checkpoints; raising epochs continues") {
+  const fs::path dir = work_dir("runs");
+  auto cfg = base_config(dir);
+  cfg.max_steps = 16;
+  const run_record first = run(cfg);
+  const fs::path first_dir = first.summary.run_directory;
+  REQUIRE(fs::exists(first_dir / "epoch-1" / "manifest.json"));
+
+  // Another learning rate is another run: it starts afresh in a directory of its own, and the
+  // first run's checkpoints stay as they were.
+  cfg.max_steps = 0;
+  cfg.lr = 0.1;
+  const run_record other = run(cfg);
+  CHECK(other.summary.resumed_from.empty());
+  CHECK(other.summary.run_directory != first.summary.run_directory);
+  CHECK(other.summary.epochs_done == 3);
+  CHECK(fs::exists(first_dir / "epoch-1" / "manifest.json"));
+
+  // The first run's settings again, with more epochs: it continues (max_steps, epochs and where
+  // files go may change), the schedule recomputed for 4 epochs.
+  cfg.lr = 0.05;
+  cfg.epochs = 4;
+  cfg.resume = strata::config::resume_mode::required;
+  const run_record longer = run(cfg);
+  CHECK(longer.summary.resumed_from == "epoch-1");
+  CHECK(longer.summary.run_directory == first.summary.run_directory);
+  CHECK(longer.summary.epochs_done == 4);
+  CHECK(longer.summary.steps == 4 * 16);
+
+  // The same again: a finished run has nothing left to train and reports its evaluation.
+  const run_record again = run(cfg);
+  CHECK(again.summary.resumed_from == "epoch-4");
+  CHECK(again.summary.steps_this_run == 0);
+  CHECK(again.summary.test_accuracy == longer.summary.test_accuracy);
+}
+
+TEST_CASE("resume = true without a checkpoint of this run names the directory and what differs") {
+  const fs::path dir = work_dir("required");
   auto cfg = base_config(dir);
   cfg.max_steps = 16;
   run(cfg);
+  // Another model shape: a run of its own, and none of it to continue.
+  cfg.resume = strata::config::resume_mode::required;
+  const std::string message = config_error_of([&] {
+    const auto wider = sm::sequential(strata::sample_shape{.channels = 1, .height = 1, .width = 8},
+                                      sm::linear{.in = 8, .out = 16}, sm::relu{},
+                                      sm::dropout{.rate = 0.1}, sm::linear{.in = 16, .out = 4});
+    st::trainer t(wider, cfg, {.print_progress = false});
+    t.fit(blobs{.n = 512}, sd::identity{}, blobs{.n = 256, .salt = 1}, sd::identity{});
+  });
+  CAPTURE(message);
+  CHECK(message.find("resume") != std::string::npos);
+  CHECK(message.find((dir / "ckpt").string()) != std::string::npos);
+  CHECK(message.find("holds no checkpoint of this run") != std::string::npos);
+  CHECK(message.find("model: parameter 0 is 0.weight 32x8 in the checkpoint, 0.weight 16x8 in "
+                     "this run") != std::string::npos);
+
+  // A named run continued with other settings is refused with the keys that differ.
+  cfg = base_config(dir);
+  cfg.run_name = "named";
+  cfg.max_steps = 16;
+  run(cfg);
   cfg.max_steps = 0;
-  cfg.lr = 0.1;  // changes the numbers: the hash differs
-  CHECK_THROWS_AS(run(cfg), strata::checkpoint_error);
-  cfg.resume = false;  // starting afresh is allowed
-  CHECK(run(cfg).summary.resumed_from.empty());
+  cfg.seed = 7;
+  const std::string named = config_error_of([&] { run(cfg); });
+  CAPTURE(named);
+  CHECK(named.find("run_name") != std::string::npos);
+  CHECK(named.find("seed: 42 in the checkpoint, 7 in this run") != std::string::npos);
+  cfg.run_name = "../escape";
+  CHECK(config_error_of([&] { run(cfg); }).find("run_name") != std::string::npos);
+}
+
+TEST_CASE("resume = false starts afresh and keeps the earlier checkpoints aside") {
+  const fs::path dir = work_dir("afresh");
+  auto cfg = base_config(dir);
+  cfg.max_steps = 16;
+  const run_record first = run(cfg);
+  const fs::path run_dir = first.summary.run_directory;
+  cfg.resume = strata::config::resume_mode::never;
+  for (const char* aside : {".1", ".2"}) {
+    const run_record fresh = run(cfg);
+    CHECK(fresh.summary.resumed_from.empty());
+    CHECK(fresh.losses == first.losses);
+    fs::path kept = run_dir;
+    kept += aside;
+    CHECK(fs::exists(kept / "epoch-1" / "manifest.json"));
+    CHECK(fs::exists(run_dir / "epoch-1" / "manifest.json"));
+  }
 }
 
 TEST_CASE("configurations this trainer does not run are refused by key") {

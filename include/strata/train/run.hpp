@@ -1,0 +1,239 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+// run_identity: which checkpoints a training run may continue.
+//
+// A run writes its checkpoints under checkpoint_dir/<run name>/. The run name is run_name when
+// set, else "run-" and the first 8 hex digits of the run's fingerprint: the xxh3 of every
+// configuration key that shapes the training state (model, data, seed, batch, precision,
+// parallel layout, optimizer and schedule settings) and of the model's parameter tensors (name
+// and shape). Two runs with different settings therefore never share a directory.
+//
+// Keys that may differ while a run is continued (continuable_keys): how long it trains (epochs;
+// the learning-rate schedule is recomputed for the new count), where files are and go, how data
+// is read, how progress is shown, when it stops, how long a wait may take, and how many test
+// samples are evaluated.
+//
+// Every checkpoint's state carries the record (to_json: name, fingerprint, every key's value,
+// the model's tensors), so a refusal names what differs: "lr: 0.05 in the checkpoint, 0.1 in
+// this run", "model: 1.weight is 1024x784 in the checkpoint, 512x784 in this run".
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#ifndef XXH_INLINE_ALL
+#define XXH_INLINE_ALL
+#endif
+#include <xxhash.h>
+
+#include "strata/config/train_config.hpp"
+#include "strata/core/error.hpp"
+#include "strata/model/param_store.hpp"
+
+namespace strata::train {
+
+// Keys a continued run may change (see the header comment).
+inline constexpr std::array<std::string_view, 16> continuable_keys{
+    "epochs",         "data_dir",       "loader_workers",   "prefetch_depth",      "blas_threads",
+    "loader_timeout", "checkpoint_dir", "checkpoint_keep",  "checkpoint_interval", "resume",
+    "run_name",       "max_steps",      "max_eval_samples", "metrics_file",        "log_every",
+    "comm_timeout"};
+
+inline bool is_continuable_key(std::string_view key) noexcept {
+  return std::find(continuable_keys.begin(), continuable_keys.end(), key) != continuable_keys.end();
+}
+
+// A run's name, fingerprint, directory and the record its checkpoints carry.
+struct run_identity {
+  std::string name{};                 // the directory under checkpoint_dir
+  std::string fingerprint{};          // 16 hex digits
+  std::filesystem::path directory{};  // checkpoint_dir / name
+  std::vector<std::pair<std::string, std::string>> settings{};  // every key, as TOML text
+  std::vector<std::pair<std::string, std::string>> model{};     // tensor name, "RxC"
+
+  nlohmann::json to_json() const {
+    nlohmann::json keys = nlohmann::json::object();
+    for (const auto& [k, v] : settings) {
+      keys[k] = v;
+    }
+    nlohmann::json tensors = nlohmann::json::array();
+    for (const auto& [n, s] : model) {
+      tensors.push_back({n, s});
+    }
+    return {{"name", name}, {"fingerprint", fingerprint}, {"settings", keys}, {"model", tensors}};
+  }
+};
+
+namespace detail {
+inline std::string hex16(std::uint64_t h) {
+  char text[17];
+  std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(h));
+  return text;
+}
+}  // namespace detail
+
+// Throws config_error naming run_name when it cannot be one directory's name.
+inline void check_run_name(std::string_view name) {
+  if (name.empty()) {
+    return;
+  }
+  if (name == "." || name == ".." || name.find('/') != std::string_view::npos ||
+      name.find('\0') != std::string_view::npos || name.front() == '.') {
+    throw config_error({.key = "run_name"}, "'" + std::string(name) +
+                                                "' is not a directory name (no '/', and not "
+                                                "starting with '.'); empty = automatic");
+  }
+}
+
+// The identity of a run of `cfg` over the parameters `params`.
+inline run_identity make_run_identity(const config::train_config& cfg,
+                                      const model::param_store& params) {
+  check_run_name(cfg.run_name);
+  run_identity id;
+  std::string hashed;
+  config::visit_keys([&](const auto& key) {
+    std::string value = config::value_text(cfg, key);
+    if (!is_continuable_key(key.name)) {
+      hashed += std::string(key.name) + "=" + value + "\n";
+    }
+    id.settings.emplace_back(std::string(key.name), std::move(value));
+  });
+  for (const model::param_entry& e : params.entries()) {
+    std::string shape = std::to_string(e.spec.rows) + "x" + std::to_string(e.spec.cols);
+    hashed += "tensor " + e.name + " " + shape + "\n";
+    id.model.emplace_back(e.name, std::move(shape));
+  }
+  id.fingerprint = detail::hex16(XXH3_64bits(hashed.data(), hashed.size()));
+  id.name = cfg.run_name.empty() ? "run-" + id.fingerprint.substr(0, 8) : cfg.run_name;
+  id.directory = std::filesystem::path(cfg.checkpoint_dir) / id.name;
+  return id;
+}
+
+// What keeps `now` from continuing the run recorded in `saved` (a checkpoint's "run" state): the
+// model's tensors, then each key outside continuable_keys, as one sentence each. Empty: it may.
+inline std::vector<std::string> run_differences(const nlohmann::json& saved,
+                                                const run_identity& now) {
+  std::vector<std::string> out;
+  if (!saved.is_object() || !saved.contains("settings") || !saved.contains("model")) {
+    out.emplace_back("the checkpoint has no run record (written by an earlier strata)");
+    return out;
+  }
+  const nlohmann::json& tensors = saved.at("model");
+  const std::size_t n = std::min(tensors.size(), now.model.size());
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto name = tensors[i].at(0).get<std::string>();
+    const auto shape = tensors[i].at(1).get<std::string>();
+    if (name != now.model[i].first || shape != now.model[i].second) {
+      out.push_back("model: parameter " + std::to_string(i) + " is " + name + " " + shape +
+                    " in the checkpoint, " + now.model[i].first + " " + now.model[i].second +
+                    " in this run");
+      break;
+    }
+  }
+  if (out.empty() && tensors.size() != now.model.size()) {
+    out.push_back("model: " + std::to_string(tensors.size()) +
+                  " parameter tensors in the checkpoint, " + std::to_string(now.model.size()) +
+                  " in this run");
+  }
+  const nlohmann::json& keys = saved.at("settings");
+  for (const auto& [k, v] : now.settings) {
+    if (is_continuable_key(k)) {
+      continue;
+    }
+    const std::string then = keys.contains(k) ? keys.at(k).get<std::string>() : "(no such key)";
+    if (then != v) {
+      out.push_back(k + ": " + then + " in the checkpoint, " + v + " in this run");
+    }
+  }
+  return out;
+}
+
+// The value of `key` in a saved run record, if it has one.
+inline std::optional<std::string> saved_setting(const nlohmann::json& saved, std::string_view key) {
+  if (saved.is_object() && saved.contains("settings") && saved.at("settings").contains(key)) {
+    return saved.at("settings").at(std::string(key)).get<std::string>();
+  }
+  return std::nullopt;
+}
+
+// A run found beside this one under checkpoint_dir: its directory, the newest checkpoint's name
+// and run record (null when its manifest could not be read).
+struct other_run {
+  std::filesystem::path directory{};
+  std::string checkpoint{};
+  nlohmann::json record{};
+};
+
+// The runs in checkpoint_dir other than `self`: directories with a `latest` file. Read from the
+// manifests alone (no file is verified); for messages.
+inline std::vector<other_run> other_runs(const run_identity& self) {
+  namespace fs = std::filesystem;
+  std::vector<other_run> out;
+  const fs::path root = self.directory.parent_path();
+  std::error_code ec;
+  if (!fs::is_directory(root, ec)) {
+    return out;
+  }
+  for (const fs::directory_entry& entry : fs::directory_iterator(root, ec)) {
+    if (!entry.is_directory(ec) || entry.path().filename() == self.name) {
+      continue;
+    }
+    std::ifstream latest(entry.path() / "latest");
+    std::string name;
+    if (!(latest >> name)) {
+      continue;
+    }
+    other_run run{.directory = entry.path(), .checkpoint = name, .record = nullptr};
+    std::ifstream manifest(entry.path() / name / "manifest.json");
+    if (manifest) {
+      const nlohmann::json m = nlohmann::json::parse(manifest, nullptr, false);
+      if (m.is_object() && m.contains("state") && m.at("state").contains("run")) {
+        run.record = m.at("state").at("run");
+      }
+    }
+    out.push_back(std::move(run));
+  }
+  std::sort(out.begin(), out.end(),
+            [](const other_run& a, const other_run& b) { return a.directory < b.directory; });
+  return out;
+}
+
+// Moves a run directory that holds anything aside to the first free "<directory>.<N>" (N = 1,
+// 2, ...) and returns where it went; nullopt when there was nothing to keep. Throws
+// checkpoint_error when the rename fails.
+inline std::optional<std::filesystem::path> set_aside(const std::filesystem::path& directory) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::is_directory(directory, ec) || fs::is_empty(directory, ec)) {
+    return std::nullopt;
+  }
+  for (int n = 1;; ++n) {
+    fs::path to = directory;
+    to += "." + std::to_string(n);
+    if (fs::exists(fs::symlink_status(to, ec))) {
+      continue;
+    }
+    fs::rename(directory, to, ec);
+    if (ec) {
+      throw checkpoint_error({.path = directory.string(), .check = "set aside"},
+                             "cannot move the earlier run's checkpoints " + directory.string() +
+                                 " to " + to.string() + ": " + ec.message());
+    }
+    return to;
+  }
+}
+
+}  // namespace strata::train
