@@ -10,3 +10,12 @@ function(to_units text out_var)
   math(EXPR units "${whole} * 10000 + 1${fraction} - 10000")  # 1 in front: no octal, no empty
   set(${out_var} "${units}" PARENT_SCOPE)
 endfunction()
+
+# units_apart(a b out_var): |a - b| of two integers (units from to_units).
+function(units_apart a b out_var)
+  math(EXPR diff "${a} - ${b}")
+  if(diff LESS 0)
+    math(EXPR diff "0 - ${diff}")
+  endif()
+  set(${out_var} "${diff}" PARENT_SCOPE)
+endfunction()

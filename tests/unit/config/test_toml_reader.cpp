@@ -181,5 +181,5 @@ TEST_CASE("resume reads \"auto\", a TOML boolean or its text, and prints back to
   const auto e = error_of([] { (void)sc::parse_toml("resume = \"sometimes\""); });
   CHECK(contains(e.what(), "resume"));
   CHECK(contains(e.what(), "auto | true | false"));
-  CHECK(contains(error_of([] { (void)sc::parse_toml("resume = 1"); }).what(), "found integer"));
+  CHECK(contains(error_of([] { (void)sc::parse_toml("resume = 1"); }).what(), "found an integer"));
 }
