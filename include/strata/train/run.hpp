@@ -211,6 +211,31 @@ inline std::vector<other_run> other_runs(const run_identity& self) {
   return out;
 }
 
+// For resume = true without a checkpoint of the run `self`: where it looked, the checkpoints it
+// skipped, and the runs beside it with their first differences.
+inline std::string no_checkpoint_message(const run_identity& self,
+                                         const std::vector<checkpoint_error>& skipped) {
+  std::string text = "resume = true, but " + self.directory.string() +
+                     " holds no checkpoint of this run (" + self.name + ")";
+  for (const checkpoint_error& e : skipped) {
+    text += std::string("; skipped: ") + e.what();
+  }
+  for (const other_run& other : other_runs(self)) {
+    text += "; " + other.directory.string() + " (" + other.checkpoint + ") is another run";
+    if (other.record.is_null()) {
+      continue;
+    }
+    const std::vector<std::string> d = run_differences(other.record, self);
+    for (std::size_t i = 0; i < d.size() && i < 3; ++i) {
+      text += (i == 0 ? ": " : ", ") + d[i];
+    }
+    if (d.size() > 3) {
+      text += ", and " + std::to_string(d.size() - 3) + " more";
+    }
+  }
+  return text + ". resume = auto starts afresh when there is none";
+}
+
 // Moves a run directory that holds anything aside to the first free "<directory>.<N>" (N = 1,
 // 2, ...) and returns where it went; nullopt when there was nothing to keep. Throws
 // checkpoint_error when the rename fails.

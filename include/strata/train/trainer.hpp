@@ -139,6 +139,322 @@ inline std::string xxh3_hex(std::span<const float> values) {
 }
 
 namespace detail {
+
+// What a checkpoint's state records besides its files (docs/train.md, "Checkpoints").
+struct checkpoint_state_fields {
+  std::uint64_t epoch = 0;       // epochs done
+  std::uint64_t next_batch = 0;  // batches of the next epoch done
+  std::uint64_t step = 0;
+  std::uint64_t samples_per_batch = 0;
+  std::int64_t seed = 0;
+  std::string optimizer_describe{};
+  std::uint64_t optimizer_step_count = 0;
+  nlohmann::json loss_scaler{};
+  std::uint64_t skipped_steps = 0;
+  std::size_t adaptive_micro_batch = 0;
+  std::string_view precision{};
+  int world_size = 1;
+  std::string_view parallel{};
+  std::string params_xxh3{};
+  nlohmann::json run{};
+};
+
+// The state JSON of a checkpoint: one function for every trainer type, not one per type.
+inline nlohmann::json checkpoint_state_json(const checkpoint_state_fields& f) {
+  return nlohmann::json{
+      {"epoch", f.epoch},
+      {"next_batch", f.next_batch},
+      {"step", f.step},
+      {"sampler",
+       {{"epoch", f.epoch}, {"position", f.next_batch * f.samples_per_batch}, {"seed", f.seed}}},
+      {"rng",
+       {{"seed", f.seed},
+        {"init", "stream (seed, 0, tensor index, substream 0x1A17)"},
+        {"augmentation", "stream (seed, epoch, sample index)"},
+        {"dropout", "stream (seed, step, sample index, layer)"}}},
+      {"optimizer", {{"describe", f.optimizer_describe}, {"step_count", f.optimizer_step_count}}},
+      {"lr_schedule", {{"step", f.step}}},
+      {"loss_scaler", f.loss_scaler},
+      {"skipped_steps", f.skipped_steps},
+      {"adaptive_micro_batch", f.adaptive_micro_batch},
+      {"precision", std::string(f.precision)},
+      {"layout", {{"world_size", f.world_size}, {"parallel", std::string(f.parallel)}}},
+      {"params_xxh3", f.params_xxh3},
+      {"run", f.run}};
+}
+
+// Throws config_error when `run` may not continue `checkpoint` (key resume, or run_name when the
+// run is named), naming every difference; says in the log when epochs changed.
+inline void check_continues(const loaded_checkpoint& checkpoint, const run_identity& run,
+                            const config::train_config& cfg, progress& bar) {
+  const nlohmann::json& s = checkpoint.state;
+  const nlohmann::json saved_run = s.contains("run") ? s.at("run") : nlohmann::json();
+  const std::vector<std::string> differences = run_differences(saved_run, run);
+  if (!differences.empty()) {
+    std::string text = "the checkpoint " + checkpoint.info.path.string() +
+                       " was written by a run with other settings: ";
+    for (std::size_t i = 0; i < differences.size(); ++i) {
+      text += (i == 0 ? "" : "; ") + differences[i];
+    }
+    throw config_error({.key = cfg.run_name.empty() ? "resume" : "run_name"},
+                       text +
+                           ". Give this run another run_name, or resume = false to start "
+                           "afresh (the earlier checkpoints are kept aside)");
+  }
+  check_config_hash(checkpoint, run.fingerprint);
+  if (const auto then = saved_setting(saved_run, "epochs");
+      then && *then != std::to_string(cfg.epochs)) {
+    bar.message("epochs: " + *then + " in the checkpoint, " + std::to_string(cfg.epochs) +
+                " in this run: the learning-rate schedule is recomputed for " +
+                std::to_string(cfg.epochs) + " epochs");
+  }
+}
+
+// The name of a parallel policy's gradient synchronisation ("all_reduce" for one rank).
+template <class ParallelPolicy>
+constexpr std::string_view sync_name() {
+  if constexpr (requires { ParallelPolicy::sync_type::name; }) {
+    return ParallelPolicy::sync_type::name;
+  } else {
+    return "all_reduce";
+  }
+}
+
+// What refuse_unsupported needs to know of a trainer type's policies (one function for all).
+struct trainer_kind {
+  bool distributed = false;
+  bool accumulates = false;
+  bool adapts = false;
+  bool scaled = false;
+  bool mixed = false;
+  bool topk = false;
+  bool ps = false;
+  bool hierarchical = false;
+  bool sharded = false;
+  bool bucketed = false;
+  dtype compute = dtype::float32;
+  dtype wire = dtype::float32;  // compress::cast<T>: T
+  std::string_view batch{};
+  std::string_view precision{};
+  std::string_view parallel{};
+  std::string_view sync{};  // the parallel policy's gradient synchronisation
+};
+
+// Throws config_error naming the key of a configuration this trainer type does not run: the
+// world size, batch, precision and parallel keys its policies do not match, and the keys of
+// policies it does not hold (set, not ignored).
+inline void refuse_unsupported(const trainer_kind& k, const config::train_config& cfg_, int world,
+                               int rank) {
+  auto refuse = [](std::string key, std::string text) {
+    throw config_error({.key = std::move(key), .file = {}, .line = 0, .column = 0},
+                       std::move(text));
+  };
+  if (k.distributed) {
+    if (cfg_.world_size != world) {
+      refuse("world_size", "rank " + std::to_string(rank) + ": the communicator has " +
+                               std::to_string(world) + " ranks, world_size is " +
+                               std::to_string(cfg_.world_size));
+    }
+  } else if (cfg_.world_size != 1) {
+    refuse("world_size", "this trainer runs one rank (parallel::single_rank); world_size is " +
+                             std::to_string(cfg_.world_size) +
+                             "; several ranks need strata::parallel::data and a communicator");
+  }
+  if (!k.accumulates && !k.adapts && cfg_.gradient_accumulation_steps != 1) {
+    refuse("gradient_accumulation_steps",
+           "the batch policy is batch::fixed (one micro-batch per step); give the trainer "
+           "strata::batch::accumulate to accumulate " +
+               std::to_string(cfg_.gradient_accumulation_steps) + " micro-batches");
+  }
+  const config::precision_dtype wanted =
+      k.compute == dtype::float16    ? config::precision_dtype::float16
+      : k.compute == dtype::bfloat16 ? config::precision_dtype::bfloat16
+                                     : config::precision_dtype::float32;
+  if (cfg_.mixed_precision_dtype != wanted) {
+    refuse(
+        "mixed_precision_dtype",
+        "the trainer's precision policy is " + std::string(k.precision) + ", which computes in " +
+            std::string(config::enum_names<config::precision_dtype>::names[static_cast<std::size_t>(
+                wanted)]) +
+            "; give the trainer the policy for " +
+            std::string(config::enum_names<config::precision_dtype>::names[static_cast<std::size_t>(
+                cfg_.mixed_precision_dtype)]) +
+            " (precision::fp32, precision::fp16, precision::bf16)");
+  }
+  // The config allows 1.0 for these; the update rules divide by (1 - value) or never decay.
+  if (cfg_.optimizer == config::optimizer_kind::sgd && cfg_.momentum >= 1.0) {
+    refuse("momentum", "SGD momentum must be below 1, got " + std::to_string(cfg_.momentum));
+  }
+  if (cfg_.optimizer == config::optimizer_kind::adamw &&
+      (cfg_.adam_beta1 >= 1.0 || cfg_.adam_beta2 >= 1.0)) {
+    refuse(cfg_.adam_beta1 >= 1.0 ? "adam_beta1" : "adam_beta2", "AdamW betas must be below 1");
+  }
+  // Keys of policies this trainer does not run are refused when set, not ignored.
+  const config::train_config d{};
+  if (!k.scaled) {
+    const std::pair<const char*, bool> scaler_keys[] = {
+        {"loss_scale_initial", cfg_.loss_scale_initial != d.loss_scale_initial},
+        {"loss_scale_growth_factor", cfg_.loss_scale_growth_factor != d.loss_scale_growth_factor},
+        {"loss_scale_backoff_factor",
+         cfg_.loss_scale_backoff_factor != d.loss_scale_backoff_factor},
+        {"loss_scale_growth_interval",
+         cfg_.loss_scale_growth_interval != d.loss_scale_growth_interval},
+        {"loss_scale_hysteresis", cfg_.loss_scale_hysteresis != d.loss_scale_hysteresis},
+        {"loss_scale_min", cfg_.loss_scale_min != d.loss_scale_min},
+        // Mixed precision without a scaler still aborts after this many non-finite steps.
+        {"loss_scale_max_skips", !k.mixed && cfg_.loss_scale_max_skips != d.loss_scale_max_skips}};
+    for (const auto& [key, set] : scaler_keys) {
+      if (set) {
+        refuse(key, std::string(key) +
+                        " configures a loss scaler; the trainer's precision "
+                        "policy " +
+                        std::string(k.precision) + " has none (precision::fp16 has one)");
+      }
+    }
+  }
+  if (!k.adapts) {
+    const std::pair<const char*, bool> adaptive_keys[] = {
+        {"memory_budget_mb", cfg_.memory_budget_mb != d.memory_budget_mb},
+        {"adaptive_batch_min", cfg_.adaptive_batch_min != d.adaptive_batch_min},
+        {"adaptive_batch_max", cfg_.adaptive_batch_max != d.adaptive_batch_max}};
+    for (const auto& [key, set] : adaptive_keys) {
+      if (set) {
+        refuse(key, std::string(key) +
+                        " configures batch::adaptive; the trainer's batch "
+                        "policy is " +
+                        std::string(k.batch));
+      }
+    }
+  }
+  // Gradient synchronisation and compression must be the parallel policy's.
+  {
+    std::string sync = "all_reduce";
+    std::string compression = "none";
+    if (k.distributed) {
+      sync = std::string(k.sync);
+      if (k.topk) {
+        compression = "topk";
+      } else if (k.wire == dtype::float16) {
+        compression = "float16";
+      } else if (k.wire == dtype::bfloat16) {
+        compression = "bfloat16";
+      }
+    }
+    const auto& sync_names = config::enum_names<config::gradient_sync_kind>::names;
+    const auto& compression_names = config::enum_names<config::compression_kind>::names;
+    const std::string wanted_sync(sync_names[static_cast<std::size_t>(cfg_.gradient_sync)]);
+    const std::string wanted_compression(
+        compression_names[static_cast<std::size_t>(cfg_.gradient_compression)]);
+    if (wanted_sync != sync) {
+      refuse("gradient_sync", "gradient_sync = " + wanted_sync +
+                                  ", but the trainer's parallel "
+                                  "policy is " +
+                                  std::string(k.parallel) + " (give it parallel::data<parallel::" +
+                                  wanted_sync + "> to match, where that exists)");
+    }
+    if (wanted_compression != compression) {
+      refuse("gradient_compression",
+             "gradient_compression = " + wanted_compression +
+                 ", but the trainer's parallel policy is " + std::string(k.parallel) +
+                 (k.distributed ? "; give it parallel::data<parallel::all_reduce | hierarchical, "
+                                  "parallel::compress::cast<float16 | bfloat16>> or "
+                                  "parallel::data<parallel::all_gather | parameter_server, "
+                                  "parallel::compress::topk> to match"
+                                : "; compression needs several ranks (parallel::data)"));
+    }
+    if (!k.topk && cfg_.topk_ratio != d.topk_ratio) {
+      refuse("topk_ratio",
+             "topk_ratio configures parallel::compress::topk; the trainer's parallel policy "
+             "is " +
+                 std::string(k.parallel));
+    }
+    if (!k.ps && cfg_.parameter_servers != d.parameter_servers) {
+      refuse("parameter_servers",
+             "parameter_servers configures parallel::data<parallel::parameter_server>; the "
+             "trainer's parallel policy is " +
+                 std::string(k.parallel));
+    }
+    if (!k.ps && (cfg_.parameter_server_async ||
+                  cfg_.parameter_server_staleness != d.parameter_server_staleness)) {
+      refuse(cfg_.parameter_server_async ? "parameter_server_async" : "parameter_server_staleness",
+             "the asynchronous parameter server needs parallel::data<parallel::parameter_server>; "
+             "the trainer's parallel policy is " +
+                 std::string(k.parallel));
+    }
+    if (k.ps && cfg_.parameter_server_async) {
+      if (!cfg_.dedicated_parameter_servers) {
+        refuse("parameter_server_async",
+               "parameter_server_async needs dedicated_parameter_servers = true (a co-located "
+               "server would stop serving while its rank trains)");
+      }
+      if (k.topk) {
+        refuse("gradient_compression",
+               "the asynchronous parameter server runs dense gradients only in this version");
+      }
+    }
+    if (k.ps && !cfg_.parameter_server_async &&
+        cfg_.parameter_server_staleness != d.parameter_server_staleness) {
+      refuse("parameter_server_staleness",
+             "parameter_server_staleness configures parameter_server_async = true");
+    }
+    if (!k.ps && cfg_.dedicated_parameter_servers) {
+      refuse("dedicated_parameter_servers",
+             "dedicated_parameter_servers configures parallel::data<parallel::parameter_server>; "
+             "the trainer's parallel policy is " +
+                 std::string(k.parallel));
+    }
+    if (k.ps && cfg_.dedicated_parameter_servers &&
+        (cfg_.parameter_servers < 1 || cfg_.parameter_servers >= world)) {
+      refuse("parameter_servers",
+             "rank " + std::to_string(rank) +
+                 ": dedicated_parameter_servers needs 1 .. world_size - 1 servers (the other "
+                 "ranks train); parameter_servers = " +
+                 std::to_string(cfg_.parameter_servers) +
+                 ", world_size = " + std::to_string(world));
+    }
+    if (k.ps && cfg_.parameter_servers > world) {
+      refuse("parameter_servers", "rank " + std::to_string(rank) + ": parameter_servers = " +
+                                      std::to_string(cfg_.parameter_servers) +
+                                      " is more than the " + std::to_string(world) + " ranks");
+    }
+    if (!k.hierarchical && cfg_.hierarchy_group_size != d.hierarchy_group_size) {
+      refuse("hierarchy_group_size",
+             "hierarchy_group_size configures "
+             "parallel::data<parallel::hierarchical>; the trainer's "
+             "parallel policy is " +
+                 std::string(k.parallel));
+    }
+    if (!k.distributed && cfg_.bucket_size_mb != d.bucket_size_mb) {
+      refuse("bucket_size_mb",
+             "bucket_size_mb configures parallel::data; the trainer's "
+             "parallel policy is " +
+                 std::string(k.parallel));
+    }
+    if (k.sharded != (cfg_.zero_stage == 1)) {
+      refuse("zero_stage",
+             k.sharded ? std::string("the trainer's parallel policy is parallel::zero1, which "
+                                     "shards the optimizer state; set zero_stage = 1")
+                       : "zero_stage = " + std::to_string(cfg_.zero_stage) +
+                             " needs parallel::zero1; the trainer's parallel policy is " +
+                             std::string(k.parallel));
+    }
+    if (!k.bucketed && cfg_.bucket_launch != d.bucket_launch) {
+      refuse("bucket_launch",
+             "bucket_launch configures the gradient buckets of parallel::data<all_reduce>, "
+             "data<hierarchical>, data<parameter_server> and parallel::zero1; the trainer's "
+             "parallel policy is " +
+                 std::string(k.parallel) + ", which has none");
+    }
+  }
+  if (cfg_.adaptive_batch != k.adapts) {
+    refuse("adaptive_batch", k.adapts
+                                 ? std::string("the trainer's batch policy is batch::adaptive; set "
+                                               "adaptive_batch = true")
+                                 : "the trainer's batch policy is " + std::string(k.batch) +
+                                       "; adaptive_batch = true needs strata::batch::adaptive");
+  }
+}
+
 template <class P>
 struct scaler_of {
   using type = precision::no_loss_scaler;
@@ -201,6 +517,23 @@ class trainer {
   // Hierarchical and parameter-server buckets need non-blocking launches (blocking_buckets()
   // false); top-k selects over the whole gradient, after backward.
   static constexpr bool bucketed = distributed && !topk;
+  // The same, as values, for the checks that run alike for every trainer type.
+  static constexpr detail::trainer_kind kind{.distributed = distributed,
+                                             .accumulates = accumulates,
+                                             .adapts = adapts,
+                                             .scaled = scaled,
+                                             .mixed = mixed,
+                                             .topk = topk,
+                                             .ps = ps,
+                                             .hierarchical = hierarchical,
+                                             .sharded = sharded,
+                                             .bucketed = bucketed,
+                                             .compute = compute_dtype,
+                                             .wire = parallel::wire_dtype<parallel_policy>,
+                                             .batch = batch_policy::name,
+                                             .precision = precision_policy::name,
+                                             .parallel = parallel_policy::name,
+                                             .sync = detail::sync_name<parallel_policy>()};
 
  public:
   using model_type = Model;
@@ -877,220 +1210,8 @@ class trainer {
     return optim::make_optimizer(optimizer_choice(cfg_));
   }
 
-  static void refuse_unsupported(const config::train_config& cfg_, int world, int rank) {
-    auto refuse = [](std::string key, std::string text) {
-      throw config_error({.key = std::move(key), .file = {}, .line = 0, .column = 0},
-                         std::move(text));
-    };
-    if constexpr (distributed) {
-      if (cfg_.world_size != world) {
-        refuse("world_size", "rank " + std::to_string(rank) + ": the communicator has " +
-                                 std::to_string(world) + " ranks, world_size is " +
-                                 std::to_string(cfg_.world_size));
-      }
-    } else if (cfg_.world_size != 1) {
-      refuse("world_size", "this trainer runs one rank (parallel::single_rank); world_size is " +
-                               std::to_string(cfg_.world_size) +
-                               "; several ranks need strata::parallel::data and a communicator");
-    }
-    if (!accumulates && !adapts && cfg_.gradient_accumulation_steps != 1) {
-      refuse("gradient_accumulation_steps",
-             "the batch policy is batch::fixed (one micro-batch per step); give the trainer "
-             "strata::batch::accumulate to accumulate " +
-                 std::to_string(cfg_.gradient_accumulation_steps) + " micro-batches");
-    }
-    const config::precision_dtype wanted =
-        compute_dtype == dtype::float16    ? config::precision_dtype::float16
-        : compute_dtype == dtype::bfloat16 ? config::precision_dtype::bfloat16
-                                           : config::precision_dtype::float32;
-    if (cfg_.mixed_precision_dtype != wanted) {
-      refuse("mixed_precision_dtype",
-             "the trainer's precision policy is " + std::string(precision_policy::name) +
-                 ", which computes in " +
-                 std::string(
-                     config::enum_names<config::precision_dtype>::names[static_cast<std::size_t>(
-                         wanted)]) +
-                 "; give the trainer the policy for " +
-                 std::string(
-                     config::enum_names<config::precision_dtype>::names[static_cast<std::size_t>(
-                         cfg_.mixed_precision_dtype)]) +
-                 " (precision::fp32, precision::fp16, precision::bf16)");
-    }
-    // The config allows 1.0 for these; the update rules divide by (1 - value) or never decay.
-    if (cfg_.optimizer == config::optimizer_kind::sgd && cfg_.momentum >= 1.0) {
-      refuse("momentum", "SGD momentum must be below 1, got " + std::to_string(cfg_.momentum));
-    }
-    if (cfg_.optimizer == config::optimizer_kind::adamw &&
-        (cfg_.adam_beta1 >= 1.0 || cfg_.adam_beta2 >= 1.0)) {
-      refuse(cfg_.adam_beta1 >= 1.0 ? "adam_beta1" : "adam_beta2", "AdamW betas must be below 1");
-    }
-    // Keys of policies this trainer does not run are refused when set, not ignored.
-    const config::train_config d{};
-    if constexpr (!scaled) {
-      const std::pair<const char*, bool> scaler_keys[] = {
-          {"loss_scale_initial", cfg_.loss_scale_initial != d.loss_scale_initial},
-          {"loss_scale_growth_factor", cfg_.loss_scale_growth_factor != d.loss_scale_growth_factor},
-          {"loss_scale_backoff_factor",
-           cfg_.loss_scale_backoff_factor != d.loss_scale_backoff_factor},
-          {"loss_scale_growth_interval",
-           cfg_.loss_scale_growth_interval != d.loss_scale_growth_interval},
-          {"loss_scale_hysteresis", cfg_.loss_scale_hysteresis != d.loss_scale_hysteresis},
-          {"loss_scale_min", cfg_.loss_scale_min != d.loss_scale_min},
-          // Mixed precision without a scaler still aborts after this many non-finite steps.
-          {"loss_scale_max_skips", !mixed && cfg_.loss_scale_max_skips != d.loss_scale_max_skips}};
-      for (const auto& [key, set] : scaler_keys) {
-        if (set) {
-          refuse(key, std::string(key) +
-                          " configures a loss scaler; the trainer's precision "
-                          "policy " +
-                          std::string(precision_policy::name) +
-                          " has none (precision::fp16 has one)");
-        }
-      }
-    }
-    if constexpr (!adapts) {
-      const std::pair<const char*, bool> adaptive_keys[] = {
-          {"memory_budget_mb", cfg_.memory_budget_mb != d.memory_budget_mb},
-          {"adaptive_batch_min", cfg_.adaptive_batch_min != d.adaptive_batch_min},
-          {"adaptive_batch_max", cfg_.adaptive_batch_max != d.adaptive_batch_max}};
-      for (const auto& [key, set] : adaptive_keys) {
-        if (set) {
-          refuse(key, std::string(key) +
-                          " configures batch::adaptive; the trainer's batch "
-                          "policy is " +
-                          std::string(batch_policy::name));
-        }
-      }
-    }
-    // Gradient synchronisation and compression must be the parallel policy's.
-    {
-      std::string sync = "all_reduce";
-      std::string compression = "none";
-      if constexpr (distributed) {
-        sync = std::string(parallel_policy::sync_type::name);
-        if constexpr (topk) {
-          compression = "topk";
-        } else if constexpr (parallel::wire_dtype<parallel_policy> == dtype::float16) {
-          compression = "float16";
-        } else if constexpr (parallel::wire_dtype<parallel_policy> == dtype::bfloat16) {
-          compression = "bfloat16";
-        }
-      }
-      const auto& sync_names = config::enum_names<config::gradient_sync_kind>::names;
-      const auto& compression_names = config::enum_names<config::compression_kind>::names;
-      const std::string wanted_sync(sync_names[static_cast<std::size_t>(cfg_.gradient_sync)]);
-      const std::string wanted_compression(
-          compression_names[static_cast<std::size_t>(cfg_.gradient_compression)]);
-      if (wanted_sync != sync) {
-        refuse("gradient_sync", "gradient_sync = " + wanted_sync +
-                                    ", but the trainer's parallel "
-                                    "policy is " +
-                                    std::string(parallel_policy::name) +
-                                    " (give it parallel::data<parallel::" + wanted_sync +
-                                    "> to match, where that exists)");
-      }
-      if (wanted_compression != compression) {
-        refuse("gradient_compression",
-               "gradient_compression = " + wanted_compression +
-                   ", but the trainer's parallel policy is " + std::string(parallel_policy::name) +
-                   (distributed ? "; give it parallel::data<parallel::all_reduce | hierarchical, "
-                                  "parallel::compress::cast<float16 | bfloat16>> or "
-                                  "parallel::data<parallel::all_gather | parameter_server, "
-                                  "parallel::compress::topk> to match"
-                                : "; compression needs several ranks (parallel::data)"));
-      }
-      if (!topk && cfg_.topk_ratio != d.topk_ratio) {
-        refuse("topk_ratio",
-               "topk_ratio configures parallel::compress::topk; the trainer's parallel policy "
-               "is " +
-                   std::string(parallel_policy::name));
-      }
-      if (!ps && cfg_.parameter_servers != d.parameter_servers) {
-        refuse("parameter_servers",
-               "parameter_servers configures parallel::data<parallel::parameter_server>; the "
-               "trainer's parallel policy is " +
-                   std::string(parallel_policy::name));
-      }
-      if (!ps && (cfg_.parameter_server_async ||
-                  cfg_.parameter_server_staleness != d.parameter_server_staleness)) {
-        refuse(
-            cfg_.parameter_server_async ? "parameter_server_async" : "parameter_server_staleness",
-            "the asynchronous parameter server needs parallel::data<parallel::parameter_server>; "
-            "the trainer's parallel policy is " +
-                std::string(parallel_policy::name));
-      }
-      if (ps && cfg_.parameter_server_async) {
-        if (!cfg_.dedicated_parameter_servers) {
-          refuse("parameter_server_async",
-                 "parameter_server_async needs dedicated_parameter_servers = true (a co-located "
-                 "server would stop serving while its rank trains)");
-        }
-        if (topk) {
-          refuse("gradient_compression",
-                 "the asynchronous parameter server runs dense gradients only in this version");
-        }
-      }
-      if (ps && !cfg_.parameter_server_async &&
-          cfg_.parameter_server_staleness != d.parameter_server_staleness) {
-        refuse("parameter_server_staleness",
-               "parameter_server_staleness configures parameter_server_async = true");
-      }
-      if (!ps && cfg_.dedicated_parameter_servers) {
-        refuse("dedicated_parameter_servers",
-               "dedicated_parameter_servers configures parallel::data<parallel::parameter_server>; "
-               "the trainer's parallel policy is " +
-                   std::string(parallel_policy::name));
-      }
-      if (ps && cfg_.dedicated_parameter_servers &&
-          (cfg_.parameter_servers < 1 || cfg_.parameter_servers >= world)) {
-        refuse("parameter_servers",
-               "rank " + std::to_string(rank) +
-                   ": dedicated_parameter_servers needs 1 .. world_size - 1 servers (the other "
-                   "ranks train); parameter_servers = " +
-                   std::to_string(cfg_.parameter_servers) +
-                   ", world_size = " + std::to_string(world));
-      }
-      if (ps && cfg_.parameter_servers > world) {
-        refuse("parameter_servers", "rank " + std::to_string(rank) + ": parameter_servers = " +
-                                        std::to_string(cfg_.parameter_servers) +
-                                        " is more than the " + std::to_string(world) + " ranks");
-      }
-      if (!hierarchical && cfg_.hierarchy_group_size != d.hierarchy_group_size) {
-        refuse("hierarchy_group_size",
-               "hierarchy_group_size configures "
-               "parallel::data<parallel::hierarchical>; the trainer's "
-               "parallel policy is " +
-                   std::string(parallel_policy::name));
-      }
-      if (!distributed && cfg_.bucket_size_mb != d.bucket_size_mb) {
-        refuse("bucket_size_mb",
-               "bucket_size_mb configures parallel::data; the trainer's "
-               "parallel policy is " +
-                   std::string(parallel_policy::name));
-      }
-      if (sharded != (cfg_.zero_stage == 1)) {
-        refuse("zero_stage",
-               sharded ? std::string("the trainer's parallel policy is parallel::zero1, which "
-                                     "shards the optimizer state; set zero_stage = 1")
-                       : "zero_stage = " + std::to_string(cfg_.zero_stage) +
-                             " needs parallel::zero1; the trainer's parallel policy is " +
-                             std::string(parallel_policy::name));
-      }
-      if (!bucketed && cfg_.bucket_launch != d.bucket_launch) {
-        refuse("bucket_launch",
-               "bucket_launch configures the gradient buckets of parallel::data<all_reduce>, "
-               "data<hierarchical>, data<parameter_server> and parallel::zero1; the trainer's "
-               "parallel policy is " +
-                   std::string(parallel_policy::name) + ", which has none");
-      }
-    }
-    if (cfg_.adaptive_batch != adapts) {
-      refuse("adaptive_batch",
-             adapts ? std::string("the trainer's batch policy is batch::adaptive; set "
-                                  "adaptive_batch = true")
-                    : "the trainer's batch policy is " + std::string(batch_policy::name) +
-                          "; adaptive_batch = true needs strata::batch::adaptive");
-    }
+  static void refuse_unsupported(const config::train_config& cfg, int world, int rank) {
+    detail::refuse_unsupported(kind, cfg, world, rank);
   }
 
   // A run of samples of one loader batch.
@@ -1668,29 +1789,22 @@ class trainer {
     }
     // The position: `epoch` epochs done and `next_batch` batches of the next one (names
     // epoch-E or epoch-E-step-B).
-    nlohmann::json state{
-        {"epoch", epoch},
-        {"next_batch", next_batch},
-        {"step", step_},
-        {"sampler",
-         {{"epoch", epoch},
-          {"position", next_batch * static_cast<std::uint64_t>(loader_batch())},
-          {"seed", cfg_.seed}}},
-        {"rng",
-         {{"seed", cfg_.seed},
-          {"init", "stream (seed, 0, tensor index, substream 0x1A17)"},
-          {"augmentation", "stream (seed, epoch, sample index)"},
-          {"dropout", "stream (seed, step, sample index, layer)"}}},
-        {"optimizer",
-         {{"describe", optimizer_.describe()}, {"step_count", optimizer_.step_count()}}},
-        {"lr_schedule", {{"step", step_}}},
-        {"loss_scaler", scaler_json()},
-        {"skipped_steps", skipped_steps_},
-        {"adaptive_micro_batch", adaptive_micro_batch_},
-        {"precision", std::string(precision_policy::name)},
-        {"layout",
-         {{"world_size", world_size()}, {"parallel", std::string(parallel_policy::name)}}},
-        {"params_xxh3", xxh3_hex(params_.values())}};
+    nlohmann::json state = detail::checkpoint_state_json(
+        {.epoch = epoch,
+         .next_batch = next_batch,
+         .step = step_,
+         .samples_per_batch = static_cast<std::uint64_t>(loader_batch()),
+         .seed = cfg_.seed,
+         .optimizer_describe = optimizer_.describe(),
+         .optimizer_step_count = optimizer_.step_count(),
+         .loss_scaler = scaler_json(),
+         .skipped_steps = skipped_steps_,
+         .adaptive_micro_batch = adaptive_micro_batch_,
+         .precision = precision_policy::name,
+         .world_size = world_size(),
+         .parallel = parallel_policy::name,
+         .params_xxh3 = xxh3_hex(params_.values()),
+         .run = run_.to_json()});
     const std::span<const float> values = params_.values();
     std::span<const float> state_values = state_.span();
     buffer<float> all_shards;
@@ -1737,7 +1851,6 @@ class trainer {
     }
     // Every rank holds the same parameters and optimizer state: rank 0 writes them, and the
     // others wait until it has (so that a rank never runs ahead of the newest checkpoint).
-    state["run"] = run_.to_json();
     std::string where;
     if (rank() == 0) {
       if (set_aside_pending_) {
@@ -1756,30 +1869,6 @@ class trainer {
     bar.message("checkpoint " + where);
   }
 
-  // resume = true without a checkpoint of this run: where it looked, what it skipped, and the
-  // runs beside it with what differs.
-  std::string no_checkpoint_message(const std::vector<checkpoint_error>& skipped) const {
-    std::string text = "resume = true, but " + run_.directory.string() +
-                       " holds no checkpoint of this run (" + run_.name + ")";
-    for (const checkpoint_error& e : skipped) {
-      text += std::string("; skipped: ") + e.what();
-    }
-    for (const other_run& other : other_runs(run_)) {
-      text += "; " + other.directory.string() + " (" + other.checkpoint + ") is another run";
-      if (other.record.is_null()) {
-        continue;
-      }
-      const std::vector<std::string> d = run_differences(other.record, run_);
-      for (std::size_t i = 0; i < d.size() && i < 3; ++i) {
-        text += (i == 0 ? ": " : ", ") + d[i];
-      }
-      if (d.size() > 3) {
-        text += ", and " + std::to_string(d.size() - 3) + " more";
-      }
-    }
-    return text + ". resume = auto starts afresh when there is none";
-  }
-
   std::optional<resume_point> resume(checkpoint_store& store, progress& bar) {
     std::vector<checkpoint_error> problems;
     std::optional<loaded_checkpoint> loaded = store.load_latest(&problems);
@@ -1788,32 +1877,12 @@ class trainer {
     }
     if (!loaded) {
       if (cfg_.resume == config::resume_mode::required) {
-        throw config_error({.key = "resume"}, no_checkpoint_message(problems));
+        throw config_error({.key = "resume"}, no_checkpoint_message(run_, problems));
       }
       return std::nullopt;
     }
     const nlohmann::json& s = loaded->state;
-    const nlohmann::json saved_run = s.contains("run") ? s.at("run") : nlohmann::json();
-    const std::vector<std::string> differences = run_differences(saved_run, run_);
-    if (!differences.empty()) {
-      std::string text = "the checkpoint " + loaded->info.path.string() +
-                         " was written by a run with other settings: ";
-      for (std::size_t i = 0; i < differences.size(); ++i) {
-        text += (i == 0 ? "" : "; ") + differences[i];
-      }
-      throw config_error(
-          {.key = cfg_.run_name.empty() ? "resume" : "run_name"},
-          text +
-              ". Give this run another run_name, or resume = false to start afresh (the "
-              "earlier checkpoints are kept aside)");
-    }
-    check_config_hash(*loaded, run_.fingerprint);
-    if (const auto then = saved_setting(saved_run, "epochs");
-        then && *then != std::to_string(cfg_.epochs)) {
-      bar.message("epochs: " + *then + " in the checkpoint, " + std::to_string(cfg_.epochs) +
-                  " in this run: the learning-rate schedule is recomputed for " +
-                  std::to_string(cfg_.epochs) + " epochs");
-    }
+    detail::check_continues(*loaded, run_, cfg_, bar);
     loaded->copy_blob("rank-0.params.bin", params_.values());
     if constexpr (state_sharded) {
       // Each rank that holds a shard takes its own.
