@@ -31,10 +31,11 @@
 // unscale and check them, and skip the step on every rank when they are not finite; then one
 // optimizer update per parameter tensor at the schedule's rate. Evaluation after every epoch.
 // Checkpoints (train/checkpoint.hpp) every checkpoint_interval epochs, after the last epoch and
-// when max_steps stops a run; fit() resumes from the newest valid one as docs/train.md,
-// "Checkpoints", says. A resumed run restores the parameters, the optimizer and loss-scaler
-// state, the step and the loader's position, so that it matches an uninterrupted run bit for bit
-// (not with parameter_server_async, whose runs are not repeatable).
+// when max_steps stops a run, into the run's own directory checkpoint_dir/<run name>
+// (train/run.hpp); unless resume = false, fit() continues that run's newest valid one as
+// docs/train.md, "Checkpoints", says. A resumed run restores the parameters, the optimizer and
+// loss-scaler state, the step and the loader's position, so that it matches an uninterrupted run
+// bit for bit (not with parameter_server_async, whose runs are not repeatable).
 
 #include <algorithm>
 #include <bit>
