@@ -3,7 +3,8 @@
 # README.md that starts with build/examples/ runs in the order written, in one scratch
 # directory, with only EXTRA appended (a training subset, so the test is quick). Each must exit
 # 0 and print a summary line; a command whose comment says it "continues" must resume, one that
-# says "another run" or "afresh" must start afresh.
+# says "another run" or "afresh" must start afresh, and --resume false must keep the earlier run
+# of its settings aside (run-<fingerprint>.1).
 #   cmake -DSOURCE_DIR=... -DBINARY_DIR=<build> -DWORK=dir "-DEXTRA=--max_train_samples;512"
 #         -P this file
 cmake_minimum_required(VERSION 3.25)
@@ -43,6 +44,10 @@ foreach(line IN LISTS lines)
   endif()
   if(comment MATCHES "another run|afresh" AND NOT out MATCHES "starting afresh")
     message(FATAL_ERROR "README command ${count} says it starts afresh, but:\n${out}")
+  endif()
+  # --resume false over an earlier run of the same settings keeps that run's checkpoints aside.
+  if(command MATCHES "--resume false" AND NOT out MATCHES "earlier checkpoints of this name are kept in [^\n]*run-[0-9a-f]+\\.1")
+    message(FATAL_ERROR "README command ${count} did not keep the earlier run aside:\n${out}")
   endif()
   string(REGEX MATCH "summary: [^\n]*" summary "${out}")
   message(STATUS "  ${summary}")

@@ -10,8 +10,9 @@ STRATA_PACKAGES=(
 )
 
 # How scripts/test and scripts/demo configure build/ (the same cache, so neither rebuilds the
-# other's work): RelWithDebInfo, whose flags CMakeLists.txt sets to -O1 -g1 for the tests.
-STRATA_CMAKE_ARGS=(-DCMAKE_BUILD_TYPE=RelWithDebInfo)
+# other's work): RelWithDebInfo at -O1 -g1 for the tests (CMakeLists.txt's first value, given
+# here too so that a build/ configured before keeps to it; examples add -O3).
+STRATA_CMAKE_ARGS=(-DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG")
 
 # Installs whatever of STRATA_PACKAGES is missing: `apt-get update` once, then only those.
 strata_install_packages() {

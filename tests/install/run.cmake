@@ -41,8 +41,8 @@ run_step("configure find_package consumer (components: ${_components})"
   "-DSTRATA_COMPONENTS=${_components_arg}")
 run_step("build find_package consumer" ${CMAKE_COMMAND} --build "${WORK_DIR}/fp")
 run_step("run find_package consumer" "${WORK_DIR}/fp/consumer")
-run_step("run find_package consumer with a precompiled header" "${WORK_DIR}/fp/consumer_pch")
-run_step("run find_package consumer reusing it" "${WORK_DIR}/fp/consumer_pch_reuse")
+run_step("run find_package consumer reusing its precompiled header"
+  "${WORK_DIR}/fp/consumer_pch_reuse")
 
 # 2. add_subdirectory of the source tree
 run_step("configure add_subdirectory consumer"

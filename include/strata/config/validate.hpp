@@ -23,7 +23,22 @@ inline std::int64_t effective_data_parallel_size(const train_config& cfg) {
 
 // Every single key in range and every pair consistent; throws config_error otherwise.
 // `source` names where the values came from (a file, "command line") for the message.
+// Throws config_error naming run_name when it cannot be one directory's name (empty: automatic).
+inline void check_run_name(std::string_view name, std::string_view source = {}) {
+  if (name.empty()) {
+    return;
+  }
+  if (name == "." || name == ".." || name.find('/') != std::string_view::npos ||
+      name.find('\0') != std::string_view::npos || name.front() == '.') {
+    throw config_error({.key = "run_name", .file = std::string(source)},
+                       "'" + std::string(name) +
+                           "' is not a directory name (no '/', and not starting with '.'); "
+                           "empty = automatic");
+  }
+}
+
 inline void validate(const train_config& cfg, std::string_view source = {}) {
+  check_run_name(cfg.run_name, source);
   const auto at = [&](std::string_view key) {
     return config_location{.key = std::string(key), .file = std::string(source)};
   };

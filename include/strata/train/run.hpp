@@ -5,9 +5,13 @@
 //
 // A run writes its checkpoints under checkpoint_dir/<run name>/. The run name is run_name when
 // set, else "run-" and the first 8 hex digits of the run's fingerprint: the xxh3 of every
-// configuration key that shapes the training state (model, data, seed, batch, precision,
-// parallel layout, optimizer and schedule settings) and of the model's parameter tensors (name
-// and shape). Two runs with different settings therefore never share a directory.
+// configuration key outside continuable_keys whose value is not its default (data slice, seed,
+// batch, precision, parallel layout, optimizer and schedule settings, ...; a key a later version
+// adds at its default leaves the fingerprint as it was), of the model's parameter tensors (name,
+// shape, initialisation, weight decay), its input and output shapes, and the trainer's policies
+// (with or without a loss scaler). Two runs with different settings therefore never share a
+// directory. It cannot see code: layers without parameters (an activation, a dropout rate) and
+// the augmentation. After changing those, name the run (run_name) or start afresh.
 //
 // Keys that may differ while a run is continued (continuable_keys): how long it trains (epochs;
 // the learning-rate schedule is recomputed for the new count), where files are and go, how data
@@ -40,6 +44,7 @@
 #include <xxhash.h>
 
 #include "strata/config/train_config.hpp"
+#include "strata/config/validate.hpp"
 #include "strata/core/error.hpp"
 #include "strata/model/param_store.hpp"
 
@@ -62,7 +67,7 @@ struct run_identity {
   std::string fingerprint{};          // 16 hex digits
   std::filesystem::path directory{};  // checkpoint_dir / name
   std::vector<std::pair<std::string, std::string>> settings{};  // every key, as TOML text
-  std::vector<std::pair<std::string, std::string>> model{};     // tensor name, "RxC"
+  std::vector<std::pair<std::string, std::string>> model{};     // tensor name, "RxC init ..."
 
   nlohmann::json to_json() const {
     nlohmann::json keys = nlohmann::json::object();
@@ -85,36 +90,36 @@ inline std::string hex16(std::uint64_t h) {
 }
 }  // namespace detail
 
-// Throws config_error naming run_name when it cannot be one directory's name.
-inline void check_run_name(std::string_view name) {
-  if (name.empty()) {
-    return;
-  }
-  if (name == "." || name == ".." || name.find('/') != std::string_view::npos ||
-      name.find('\0') != std::string_view::npos || name.front() == '.') {
-    throw config_error({.key = "run_name"}, "'" + std::string(name) +
-                                                "' is not a directory name (no '/', and not "
-                                                "starting with '.'); empty = automatic");
-  }
-}
-
-// The identity of a run of `cfg` over the parameters `params`.
+// `shapes`: the model's input and output ("1x28x28 -> 1x1x10"); `policies`: the trainer's
+// (names, and whether its precision has a loss scaler). Both are recorded as model entries.
 inline run_identity make_run_identity(const config::train_config& cfg,
-                                      const model::param_store& params) {
-  check_run_name(cfg.run_name);
+                                      const model::param_store& params,
+                                      std::string_view shapes = {},
+                                      std::string_view policies = {}) {
+  config::check_run_name(cfg.run_name);
   run_identity id;
-  std::string hashed;
+  std::string hashed = "run record 1\n";
+  const config::train_config defaults{};
   config::visit_keys([&](const auto& key) {
     std::string value = config::value_text(cfg, key);
-    if (!is_continuable_key(key.name)) {
+    if (!is_continuable_key(key.name) && value != config::value_text(defaults, key)) {
       hashed += std::string(key.name) + "=" + value + "\n";
     }
     id.settings.emplace_back(std::string(key.name), std::move(value));
   });
   for (const model::param_entry& e : params.entries()) {
-    std::string shape = std::to_string(e.spec.rows) + "x" + std::to_string(e.spec.cols);
+    std::string shape = std::to_string(e.spec.rows) + "x" + std::to_string(e.spec.cols) + " init " +
+                        std::to_string(static_cast<int>(e.spec.init)) + " fan " +
+                        std::to_string(e.spec.fan_in) + "/" + std::to_string(e.spec.fan_out) +
+                        (e.spec.weight_decay ? "" : " no-decay");
     hashed += "tensor " + e.name + " " + shape + "\n";
     id.model.emplace_back(e.name, std::move(shape));
+  }
+  for (const auto& [what, text] : {std::pair{"shapes", shapes}, std::pair{"policies", policies}}) {
+    if (!text.empty()) {
+      hashed += std::string(what) + " " + std::string(text) + "\n";
+      id.model.emplace_back(what, std::string(text));
+    }
   }
   id.fingerprint = detail::hex16(XXH3_64bits(hashed.data(), hashed.size()));
   id.name = cfg.run_name.empty() ? "run-" + id.fingerprint.substr(0, 8) : cfg.run_name;
@@ -132,28 +137,45 @@ inline std::vector<std::string> run_differences(const nlohmann::json& saved,
     return out;
   }
   const nlohmann::json& tensors = saved.at("model");
+  if (!tensors.is_array()) {
+    out.emplace_back("the checkpoint's run record has no model list");
+    return out;
+  }
   const std::size_t n = std::min(tensors.size(), now.model.size());
   for (std::size_t i = 0; i < n; ++i) {
-    const auto name = tensors[i].at(0).get<std::string>();
-    const auto shape = tensors[i].at(1).get<std::string>();
+    const nlohmann::json& t = tensors[i];
+    const bool pair = t.is_array() && t.size() == 2 && t[0].is_string() && t[1].is_string();
+    const std::string name = pair ? t[0].get<std::string>() : "?";
+    const std::string shape = pair ? t[1].get<std::string>() : "?";
     if (name != now.model[i].first || shape != now.model[i].second) {
-      out.push_back("model: parameter " + std::to_string(i) + " is " + name + " " + shape +
-                    " in the checkpoint, " + now.model[i].first + " " + now.model[i].second +
-                    " in this run");
+      out.push_back(name == now.model[i].first
+                        ? "model: " + name + " is " + shape + " in the checkpoint, " +
+                              now.model[i].second + " in this run"
+                        : "model: entry " + std::to_string(i) + " is " + name + " " + shape +
+                              " in the checkpoint, " + now.model[i].first + " " +
+                              now.model[i].second + " in this run");
       break;
     }
   }
   if (out.empty() && tensors.size() != now.model.size()) {
-    out.push_back("model: " + std::to_string(tensors.size()) +
-                  " parameter tensors in the checkpoint, " + std::to_string(now.model.size()) +
-                  " in this run");
+    out.push_back("model: " + std::to_string(tensors.size()) + " entries in the checkpoint, " +
+                  std::to_string(now.model.size()) + " in this run");
   }
+  // A key the checkpoint's version did not have counts as its default there.
+  std::vector<std::pair<std::string, std::string>> defaults;
+  const config::train_config d{};
+  config::visit_keys([&](const auto& key) {
+    defaults.emplace_back(std::string(key.name), config::value_text(d, key));
+  });
   const nlohmann::json& keys = saved.at("settings");
-  for (const auto& [k, v] : now.settings) {
+  for (std::size_t i = 0; i < now.settings.size(); ++i) {
+    const auto& [k, v] = now.settings[i];
     if (is_continuable_key(k)) {
       continue;
     }
-    const std::string then = keys.contains(k) ? keys.at(k).get<std::string>() : "(no such key)";
+    const std::string then = keys.is_object() && keys.contains(k) && keys.at(k).is_string()
+                                 ? keys.at(k).get<std::string>()
+                                 : defaults[i].second;
     if (then != v) {
       out.push_back(k + ": " + then + " in the checkpoint, " + v + " in this run");
     }
@@ -163,7 +185,8 @@ inline std::vector<std::string> run_differences(const nlohmann::json& saved,
 
 // The value of `key` in a saved run record, if it has one.
 inline std::optional<std::string> saved_setting(const nlohmann::json& saved, std::string_view key) {
-  if (saved.is_object() && saved.contains("settings") && saved.at("settings").contains(key)) {
+  if (saved.is_object() && saved.contains("settings") && saved.at("settings").is_object() &&
+      saved.at("settings").contains(key) && saved.at("settings").at(std::string(key)).is_string()) {
     return saved.at("settings").at(std::string(key)).get<std::string>();
   }
   return std::nullopt;
@@ -211,6 +234,19 @@ inline std::vector<other_run> other_runs(const run_identity& self) {
   return out;
 }
 
+// " (...)" when checkpoint_dir itself holds checkpoints of the layout before runs (a `latest`
+// file): they have no run record and are not continued. Empty otherwise.
+inline std::string old_layout_note(const run_identity& self) {
+  std::error_code ec;
+  const std::filesystem::path root = self.directory.parent_path();
+  if (!std::filesystem::exists(root / "latest", ec)) {
+    return {};
+  }
+  return " (" + root.string() +
+         " also holds checkpoints written before runs had directories of their own; they are not "
+         "continued)";
+}
+
 // For resume = true without a checkpoint of the run `self`: where it looked, the checkpoints it
 // skipped, and the runs beside it with their first differences.
 inline std::string no_checkpoint_message(const run_identity& self,
@@ -225,7 +261,12 @@ inline std::string no_checkpoint_message(const run_identity& self,
     if (other.record.is_null()) {
       continue;
     }
-    const std::vector<std::string> d = run_differences(other.record, self);
+    std::vector<std::string> d;
+    try {
+      d = run_differences(other.record, self);
+    } catch (const std::exception& e) {  // a manifest nobody verified: say so, go on
+      d = {std::string("its run record cannot be read (") + e.what() + ")"};
+    }
     for (std::size_t i = 0; i < d.size() && i < 3; ++i) {
       text += (i == 0 ? ": " : ", ") + d[i];
     }
@@ -233,7 +274,7 @@ inline std::string no_checkpoint_message(const run_identity& self,
       text += ", and " + std::to_string(d.size() - 3) + " more";
     }
   }
-  return text + ". resume = auto starts afresh when there is none";
+  return text + old_layout_note(self) + ". resume = auto starts afresh when there is none";
 }
 
 // Moves a run directory that holds anything aside to the first free "<directory>.<N>" (N = 1,

@@ -565,7 +565,10 @@ class trainer {
                                   " is not a vector of class scores (1x1xclasses)");
     }
     params_.initialize(static_cast<std::uint64_t>(cfg_.seed));
-    run_ = make_run_identity(cfg_, params_);
+    run_ = make_run_identity(
+        cfg_, params_, to_string(model_.input_shape()) + " -> " + to_string(model_.output_shape()),
+        std::string(batch_policy::name) + ", " + std::string(precision_policy::name) +
+            (scaled ? " with a loss scaler" : "") + ", " + std::string(parallel_policy::name));
     // The GEMM's threads, for the whole process (every rank of comm::threads sets the same
     // count before the collective broadcast below).
     if (cfg_.blas_threads != 0) {
@@ -756,7 +759,7 @@ class trainer {
     set_aside_pending_ = summary.resumed_from.empty();
     if (summary.resumed_from.empty()) {
       bar.message("run " + run_.name + ": starting afresh, checkpoints in " +
-                  run_.directory.string());
+                  run_.directory.string() + old_layout_note(run_));
     } else if (epoch >= epochs) {
       bar.message("run " + run_.name + " has trained " + std::to_string(epoch) +
                   " epochs, epochs = " + std::to_string(epochs) +
@@ -1038,7 +1041,7 @@ class trainer {
         break;
       }
     }
-    if (summary.steps_this_run == 0 && step_ == start_step && epoch == epochs) {
+    if (summary.steps_this_run == 0 && step_ == start_step && epoch >= epochs) {
       // Resumed a finished run: report its final evaluation.
       const eval_result ev = evaluate(test, test_transform);
       summary.test_loss = ev.loss;

@@ -3,6 +3,7 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
@@ -214,11 +215,18 @@ TEST_CASE("runs with other settings never share checkpoints; raising epochs cont
   CHECK(longer.summary.epochs_done == 4);
   CHECK(longer.summary.steps == 4 * 16);
 
-  // The same again: a finished run has nothing left to train and reports its evaluation.
+  // The same again: a finished run has nothing left to train and reports its evaluation; so
+  // does a run asked for fewer epochs than it has done.
   const run_record again = run(cfg);
   CHECK(again.summary.resumed_from == "epoch-4");
   CHECK(again.summary.steps_this_run == 0);
   CHECK(again.summary.test_accuracy == longer.summary.test_accuracy);
+  cfg.epochs = 2;
+  const run_record fewer = run(cfg);
+  CHECK(fewer.summary.resumed_from == "epoch-4");
+  CHECK(fewer.summary.steps_this_run == 0);
+  CHECK(fewer.summary.epochs_done == 4);
+  CHECK(fewer.summary.test_accuracy == longer.summary.test_accuracy);
 }
 
 TEST_CASE("resume = true without a checkpoint of this run names the directory and what differs") {
@@ -239,8 +247,8 @@ TEST_CASE("resume = true without a checkpoint of this run names the directory an
   CHECK(message.find("resume") != std::string::npos);
   CHECK(message.find((dir / "ckpt").string()) != std::string::npos);
   CHECK(message.find("holds no checkpoint of this run") != std::string::npos);
-  CHECK(message.find("model: parameter 0 is 0.weight 32x8 in the checkpoint, 0.weight 16x8 in "
-                     "this run") != std::string::npos);
+  CHECK(message.find("model: 0.weight is 32x8 ") != std::string::npos);
+  CHECK(message.find(" in the checkpoint, 16x8 ") != std::string::npos);
 
   // A named run continued with other settings is refused with the keys that differ.
   cfg = base_config(dir);
@@ -342,4 +350,38 @@ TEST_CASE("k micro-batches of B/k accumulate to the step of one batch of B") {
   // batch::fixed refuses an accumulation count instead of ignoring it.
   CHECK_THROWS_WITH_AS(st::trainer(small_model(), split_cfg, {.print_progress = false}),
                        doctest::Contains("strata::batch::accumulate"), strata::config_error);
+}
+
+TEST_CASE("run identities: continuable keys exist, defaults stay out, set_aside numbers") {
+  // Every continuable key is a configuration key (a typo would make it part of the fingerprint).
+  for (const std::string_view key : st::continuable_keys) {
+    CAPTURE(key);
+    CHECK(std::find(strata::config::key_names.begin(), strata::config::key_names.end(), key) !=
+          strata::config::key_names.end());
+  }
+  const auto model = small_model();
+  const sm::param_store params = model.make_params();
+  strata::config::train_config cfg;
+  const st::run_identity a = st::make_run_identity(cfg, params, "in -> out", "policies");
+  cfg.epochs = 99;  // continuable
+  CHECK(st::make_run_identity(cfg, params, "in -> out", "policies").fingerprint == a.fingerprint);
+  cfg.lr = 0.5;
+  const st::run_identity b = st::make_run_identity(cfg, params, "in -> out", "policies");
+  CHECK(b.fingerprint != a.fingerprint);
+  CHECK(st::make_run_identity(cfg, params, "in -> out", "other").fingerprint != b.fingerprint);
+  // A record without a key (an earlier version's) has it at its default there.
+  nlohmann::json saved = a.to_json();
+  saved["settings"].erase("lr");
+  saved["settings"].erase("seed");
+  const std::vector<std::string> d = st::run_differences(saved, b);
+  REQUIRE(d.size() == 1);
+  CHECK(d[0] == "lr: 0.05 in the checkpoint, 0.5 in this run");
+  CHECK(st::run_differences(nlohmann::json{{"settings", 1}, {"model", 2}}, a).size() == 1);
+  // set_aside: the first free .N, nothing for an empty directory.
+  const fs::path dir = work_dir("aside") / "run";
+  fs::create_directories(dir / "epoch-1");
+  fs::create_directories(fs::path(dir.string() + ".1"));
+  CHECK(st::set_aside(dir) == fs::path(dir.string() + ".2"));
+  fs::create_directories(dir);
+  CHECK_FALSE(st::set_aside(dir).has_value());
 }
