@@ -34,6 +34,8 @@ enum class bucket_launch_kind { automatic, async, blocking };
 // auto: continue this run's newest checkpoint if there is one; true: demand one; false: start
 // afresh (an earlier run of the same name is kept aside).
 enum class resume_mode { automatic, required, never };
+// Who computes the layers' matrix products (model/gemm.hpp); auto chooses by the CPU.
+enum class gemm_kind { automatic, onednn, openblas, eigen };
 
 // The spelling of each enum value in TOML and on the command line.
 template <class E>
@@ -77,6 +79,11 @@ struct enum_names<bucket_launch_kind> {
 template <>
 struct enum_names<resume_mode> {
   static constexpr std::array<std::string_view, 3> names{"auto", "true", "false"};
+};
+
+template <>
+struct enum_names<gemm_kind> {
+  static constexpr std::array<std::string_view, 4> names{"auto", "onednn", "openblas", "eigen"};
 };
 
 template <>
@@ -150,6 +157,7 @@ struct train_config {
   std::int64_t loader_workers = 2;  // 0 = augment synchronously in the training thread
   std::int64_t prefetch_depth = 4;  // ready batches kept ahead of the step
   std::int64_t blas_threads = 0;    // GEMM threads of the process; 0 = its CPUs / its ranks
+  gemm_kind gemm = gemm_kind::automatic;  // GEMM provider of the layers' products
   bool augment = true;
   double loader_timeout = 60.0;  // seconds the step waits for one batch before failing
   sampler_remainder_kind sampler_remainder = sampler_remainder_kind::pad;
@@ -294,10 +302,16 @@ constexpr void visit_keys(Visitor&& v) {
   v(int_key{"prefetch_depth", &c::prefetch_depth, 1, 1024,
             "Ready batches the loader keeps ahead of the step."});
   v(int_key{"blas_threads", &c::blas_threads, 0, 4096,
-            "GEMM (OpenBLAS) threads of the process, set by the trainer; 0 = automatic: the CPUs "
+            "GEMM threads of the process (OpenBLAS's pool, oneDNN's OpenMP team per calling "
+            "thread), set by the trainer; 0 = automatic: the CPUs "
             "the process may use divided by the ranks that run on them (comm::threads: "
             "world_size; under mpiexec 1 when bound to its cores, else the node's ranks), unless "
             "OPENBLAS_NUM_THREADS or OMP_NUM_THREADS sets them."});
+  v(enum_key<gemm_kind>{
+      "gemm", &c::gemm,
+      "Who computes the layers' matrix products: auto = oneDNN, else an OpenBLAS whose kernels "
+      "match the CPU, else Eigen's own (the log names the choice, its kernels and its GFLOP/s, "
+      "and what it skipped); onednn, openblas or eigen force one."});
   v(bool_key{"augment", &c::augment, "Apply the example's augmentation chain to training data."});
   v(real_key{"loader_timeout", &c::loader_timeout, 0.0, 86400.0, true,
              "Seconds the step waits for one batch before the loader reports a stalled worker."});

@@ -7,8 +7,8 @@
 // (in_channels * kernel * kernel) rows by (Ho * Wo) columns, row (c * kernel + ky) * kernel + kx,
 // column oy * Wo + ox, holding in[c][oy * stride + ky - padding][ox * stride + kx - padding] (0
 // outside the input). Then output = weight * columns (+ bias per output channel), which is
-// already the out_channels x Ho x Wo layout of the sample. The products are Eigen GEMMs over
-// row-major maps (see blas.hpp for which GEMM runs).
+// already the out_channels x Ho x Wo layout of the sample. The products go through
+// model::gemm (gemm.hpp: oneDNN, OpenBLAS or Eigen).
 //
 // Saved state: none (workspace 0). backward recomputes each sample's columns from args.input
 // rather than keeping batch x (in_channels * kernel^2) x (Ho * Wo) floats between the passes;
@@ -25,7 +25,7 @@
 #include <vector>
 
 #include "strata/core/shape.hpp"
-#include "strata/model/blas.hpp"
+#include "strata/model/gemm.hpp"
 #include "strata/model/concepts.hpp"
 
 namespace strata::model {
@@ -222,10 +222,8 @@ struct conv2d {
     detail::conv2d_check_span("output", args.output.size(), args.batch * out_elements);
     detail::conv2d_check_span("params", args.params.size(), parameter_elements());
 
-    const auto rows = static_cast<Eigen::Index>(g.column_rows());
     const auto cols = static_cast<Eigen::Index>(g.column_cols());
     const auto outs = static_cast<Eigen::Index>(out_channels);
-    const detail::conv2d_const_matrix weight(args.params.data(), outs, rows);
     const Eigen::Map<const Eigen::VectorXf> bias_vector(
         args.params.data() + out_channels * g.column_rows(), bias ? outs : 0);
 
@@ -236,12 +234,14 @@ struct conv2d {
       if (!direct) {
         detail::conv2d_im2col(g, x, scratch.data());
       }
-      const detail::conv2d_const_matrix columns(direct ? x : scratch.data(), rows, cols);
-      detail::conv2d_matrix y(args.output.data() + b * out_elements, outs, cols);
-      y.noalias() = weight * columns;
+      // y = W columns (+ b: each channel's row starts as its bias, the product adds to it).
+      float* y = args.output.data() + b * out_elements;
       if (bias) {
-        y.colwise() += bias_vector;
+        detail::conv2d_matrix(y, outs, cols).colwise() = bias_vector;
       }
+      gemm({}, out_channels, g.column_cols(), g.column_rows(), 1.0f, args.params.data(),
+           g.column_rows(), direct ? x : scratch.data(), g.column_cols(), bias ? 1.0f : 0.0f, y,
+           g.column_cols());
     }
   }
 
@@ -258,11 +258,8 @@ struct conv2d {
       detail::conv2d_check_span("grad_input", args.grad_input.size(), args.batch * in_elements);
     }
 
-    const auto rows = static_cast<Eigen::Index>(g.column_rows());
     const auto cols = static_cast<Eigen::Index>(g.column_cols());
     const auto outs = static_cast<Eigen::Index>(out_channels);
-    const detail::conv2d_const_matrix weight(args.params.data(), outs, rows);
-    detail::conv2d_matrix grad_weight(args.grads.data(), outs, rows);
     Eigen::Map<Eigen::VectorXf> grad_bias(args.grads.data() + out_channels * g.column_rows(),
                                           bias ? outs : 0);
 
@@ -274,22 +271,25 @@ struct conv2d {
       if (!direct) {
         detail::conv2d_im2col(g, x, columns_scratch.data());
       }
-      const detail::conv2d_const_matrix columns(direct ? x : columns_scratch.data(), rows, cols);
-      const detail::conv2d_const_matrix dy(args.grad_output.data() + b * out_elements, outs, cols);
-      grad_weight.noalias() += dy * columns.transpose();
+      const float* columns = direct ? x : columns_scratch.data();
+      const float* dy_data = args.grad_output.data() + b * out_elements;
+      // dW += dy columns^T
+      gemm({.transpose_b = true}, out_channels, g.column_rows(), g.column_cols(), 1.0f, dy_data,
+           g.column_cols(), columns, g.column_cols(), 1.0f, args.grads.data(), g.column_rows());
       if (bias) {
-        grad_bias += dy.rowwise().sum();
+        grad_bias += detail::conv2d_const_matrix(dy_data, outs, cols).rowwise().sum();
       }
       if (!want_input) {
         continue;
       }
       float* dx = args.grad_input.data() + b * in_elements;
+      // d columns = W^T dy, straight into dx for a pointwise convolution
+      gemm({.transpose_a = true}, g.column_rows(), g.column_cols(), out_channels, 1.0f,
+           args.params.data(), g.column_rows(), dy_data, g.column_cols(), 0.0f,
+           direct ? dx : grad_columns_scratch.data(), g.column_cols());
       if (direct) {
-        detail::conv2d_matrix(dx, rows, cols).noalias() = weight.transpose() * dy;
         continue;
       }
-      detail::conv2d_matrix grad_columns(grad_columns_scratch.data(), rows, cols);
-      grad_columns.noalias() = weight.transpose() * dy;
       std::fill(dx, dx + in_elements, 0.0f);
       detail::conv2d_col2im(g, grad_columns_scratch.data(), dx);
     }

@@ -8,8 +8,8 @@
 // The input may have any channels x height x width whose elements() is `in` (it is read as a
 // flat vector, so a flatten in front is optional); the output is 1 x 1 x out. Parameters, in
 // this order: "weight", out x in, row-major (row o holds the weights of output o), then, with
-// .bias, "bias", 1 x out. The products are Eigen GEMMs over row-major maps of the batch (see
-// blas.hpp for which GEMM runs). No saved state: backward reads args.input. Asked for parts
+// .bias, "bias", 1 x out. The products go through model::gemm (gemm.hpp: oneDNN, OpenBLAS
+// or Eigen); the bias is the output's starting value, which the forward product adds to. No saved state: backward reads args.input. Asked for parts
 // (backward_args::progress), backward computes the weight gradient in blocks of rows (at least
 // min_part_rows) and reports each; the bias gradient comes last, final when backward returns.
 
@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "strata/core/shape.hpp"
-#include "strata/model/blas.hpp"
+#include "strata/model/gemm.hpp"
 #include "strata/model/concepts.hpp"
 
 namespace strata::model {
@@ -86,14 +86,15 @@ struct linear {
     if (args.batch == 0) {
       return;
     }
-    const const_matrix x(args.input.data(), rows(args.batch), cols(in));
-    const const_matrix w(args.params.data(), rows(out), cols(in));
-    matrix y(args.output.data(), rows(args.batch), cols(out));
-    y.noalias() = x * w.transpose();
+    // y = x W^T (+ b: the rows start as the bias and the product adds into them).
+    float beta = 0.0f;
     if (bias) {
-      const const_row b(args.params.data() + out * in, cols(out));
-      y.rowwise() += b;
+      matrix y(args.output.data(), rows(args.batch), cols(out));
+      y.rowwise() = const_row(args.params.data() + out * in, cols(out));
+      beta = 1.0f;
     }
+    gemm({.transpose_b = true}, args.batch, out, in, 1.0f, args.input.data(), in,
+         args.params.data(), in, beta, args.output.data(), out);
   }
 
   void backward(const backward_args& args) const {
@@ -107,9 +108,9 @@ struct linear {
     if (args.batch == 0) {
       return;
     }
-    const const_matrix x(args.input.data(), rows(args.batch), cols(in));
-    const const_matrix dy(args.grad_output.data(), rows(args.batch), cols(out));
-    matrix dw(args.grads.data(), rows(out), cols(in));
+    const float* x = args.input.data();
+    const float* dy = args.grad_output.data();
+    float* dw = args.grads.data();
     const std::size_t chunk = args.progress.chunk;
     if (chunk > 0 && chunk < out * in) {
       // In parts of whole rows of dW of at least `chunk` floats, each reported final: data
@@ -118,21 +119,23 @@ struct linear {
       const std::size_t part = std::max((chunk + in - 1) / in, min_part_rows);
       for (std::size_t r = 0; r < out; r += part) {
         const std::size_t n = std::min(part, out - r);
-        dw.middleRows(rows(r), rows(n)).noalias() +=
-            dy.middleCols(cols(r), cols(n)).transpose() * x;
+        // dW[r:r+n] += dy[:, r:r+n]^T x
+        gemm({.transpose_a = true}, n, in, args.batch, 1.0f, dy + r, out, x, in, 1.0f,
+             dw + r * in, in);
         args.progress((r + n) * in);
       }
     } else {
-      dw.noalias() += dy.transpose() * x;
+      gemm({.transpose_a = true}, out, in, args.batch, 1.0f, dy, out, x, in, 1.0f, dw, in);
     }
     if (bias) {
+      const const_matrix dy_rows(dy, rows(args.batch), cols(out));
       row db(args.grads.data() + out * in, cols(out));
-      db += dy.colwise().sum();
+      db += dy_rows.colwise().sum();
     }
     if (!args.grad_input.empty()) {
-      const const_matrix w(args.params.data(), rows(out), cols(in));
-      matrix dx(args.grad_input.data(), rows(args.batch), cols(in));
-      dx.noalias() = dy * w;
+      // dx = dy W
+      gemm({}, args.batch, in, out, 1.0f, dy, out, args.params.data(), in, 0.0f,
+           args.grad_input.data(), in);
     }
   }
 

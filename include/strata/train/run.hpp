@@ -51,8 +51,8 @@
 namespace strata::train {
 
 // Keys a continued run may change (see the header comment).
-inline constexpr std::array<std::string_view, 16> continuable_keys{
-    "epochs",         "data_dir",       "loader_workers",   "prefetch_depth",      "blas_threads",
+inline constexpr std::array<std::string_view, 17> continuable_keys{
+    "epochs",         "data_dir",       "loader_workers",   "prefetch_depth",      "blas_threads",  "gemm",
     "loader_timeout", "checkpoint_dir", "checkpoint_keep",  "checkpoint_interval", "resume",
     "run_name",       "max_steps",      "max_eval_samples", "metrics_file",        "log_every",
     "comm_timeout"};

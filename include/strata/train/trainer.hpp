@@ -456,6 +456,61 @@ inline void refuse_unsupported(const trainer_kind& k, const config::train_config
   }
 }
 
+// The GEMM provider for cfg.gemm (model/gemm.hpp), made the process's current one; a
+// config_error naming the key when this build lacks the provider asked for.
+inline model::gemm_decision choose_gemm(const config::train_config& cfg) {
+  std::optional<model::gemm_provider> wanted;
+  switch (cfg.gemm) {
+    case config::gemm_kind::automatic:
+      break;
+    case config::gemm_kind::onednn:
+      wanted = model::gemm_provider::onednn;
+      break;
+    case config::gemm_kind::openblas:
+      wanted = model::gemm_provider::openblas;
+      break;
+    case config::gemm_kind::eigen:
+      wanted = model::gemm_provider::eigen;
+      break;
+  }
+  try {
+    return model::select_gemm(wanted);
+  } catch (const std::invalid_argument& e) {
+    throw config_error({.key = "gemm", .file = {}, .line = 0, .column = 0}, e.what());
+  }
+}
+
+// The log's first lines on compute: the GEMM provider, its kernels, its threads and its GFLOP/s
+// on one product the size of the step's largest (batch x the largest weight tensor), then what
+// the choice skipped and how to fix it; and with 16-bit storage, how its products run.
+inline std::vector<std::string> compute_log(const model::gemm_decision& d, std::size_t batch,
+                                            std::size_t rows, std::size_t cols,
+                                            std::string_view storage) {
+  const model::gemm_environment env = model::detect_gemm_environment();
+  std::vector<std::string> lines;
+  char rate[64];
+  std::snprintf(rate, sizeof rate, "%.1f", model::measure_gemm(d.provider, batch, rows, cols));
+  lines.push_back("gemm: " + model::describe(d, env) + " on a " + describe(env.cpu) + " CPU, " +
+                  std::to_string(model::blas_threads()) + " thread(s), " + rate +
+                  " GFLOP/s on a " + std::to_string(batch) + "x" + std::to_string(rows) + "x" +
+                  std::to_string(cols) + " product");
+  for (const std::string& note : d.notes) {
+    lines.push_back("gemm: " + note);
+  }
+  const bool bf16 = storage == "bfloat16";
+  if (bf16 || storage == "float16") {
+    const bool units = bf16 ? (env.cpu.avx512_bf16 || env.cpu.amx_bf16)
+                            : (env.cpu.avx512_fp16 || env.cpu.amx_fp16);
+    lines.push_back(std::string("precision: ") + std::string(storage) +
+                    " is emulated: the products run in float32 on values rounded to " +
+                    std::string(storage) + ", slower than float32 (this CPU " +
+                    (units ? "has " : "has no ") +
+                    (bf16 ? "AVX512-BF16 or AMX-BF16" : "AVX512-FP16 or AMX-FP16") +
+                    (units ? ", which strata does not use yet)" : ")"));
+  }
+  return lines;
+}
+
 template <class P>
 struct scaler_of {
   using type = precision::no_loss_scaler;
@@ -569,8 +624,9 @@ class trainer {
         cfg_, params_, to_string(model_.input_shape()) + " -> " + to_string(model_.output_shape()),
         std::string(batch_policy::name) + ", " + std::string(precision_policy::name) +
             (scaled ? " with a loss scaler" : "") + ", " + std::string(parallel_policy::name));
-    // The GEMM's threads, for the whole process (every rank of comm::threads sets the same
-    // count before the collective broadcast below).
+    // The GEMM's provider and threads, for the whole process (every rank of comm::threads sets
+    // the same before the collective broadcast below).
+    gemm_ = detail::choose_gemm(cfg_);
     if (cfg_.blas_threads != 0) {
       model::set_blas_threads(static_cast<int>(cfg_.blas_threads));
     } else if (!model::blas_threads_from_environment()) {
@@ -745,6 +801,20 @@ class trainer {
                   .terminal = options_.terminal,
                   .out = options_.progress_out});
 
+    if (options_.print_progress && rank() == 0) {
+      std::size_t rows = 1;
+      std::size_t cols = 1;
+      for (const model::param_entry& e : params_.entries()) {
+        if (e.spec.rows * e.spec.cols > rows * cols) {
+          rows = e.spec.rows;
+          cols = e.spec.cols;
+        }
+      }
+      for (const std::string& line : detail::compute_log(gemm_, micro_batch, rows, cols,
+                                                          to_string(compute_dtype))) {
+        bar.message(line);
+      }
+    }
     fit_summary summary;
     summary.run_directory = run_.directory.string();
     std::uint64_t epoch = 0;
@@ -1940,6 +2010,7 @@ class trainer {
   typename Model::workspace_type eval_work_{};
   std::uint64_t step_ = 0;
   run_identity run_{};
+  model::gemm_decision gemm_{};
   bool set_aside_pending_ = false;  // fresh run: move earlier checkpoints aside at the first save
   std::vector<std::function<void(const step_metrics&)>> step_callbacks_{};
   std::vector<std::function<void(const epoch_metrics&)>> epoch_callbacks_{};

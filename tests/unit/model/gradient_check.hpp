@@ -20,7 +20,9 @@
 //     with config.grad_prefill; a second backward must add the same amount again);
 //   - backward accepts an empty grad_input and then gives the same parameter gradients.
 // Forward runs again before every backward, with the same args, so a backward that consumes its
-// workspace is not penalised. Layers with kinks (relu at 0, max-pool ties) need inputs away
+// workspace is not penalised. The whole check runs once on every GEMM provider of the build
+// (model/gemm.hpp: oneDNN, OpenBLAS, Eigen), each problem prefixed with the provider's name; probes counts one run's derivatives, mismatches
+// the most of any provider. Layers with kinks (relu at 0, max-pool ties) need inputs away
 // from them: set input_min_magnitude, or pass the input explicitly.
 
 #include <algorithm>
@@ -37,6 +39,7 @@
 #include "strata/core/rng.hpp"
 #include "strata/core/shape.hpp"
 #include "strata/model/concepts.hpp"
+#include "strata/model/gemm.hpp"
 
 namespace strata::model::testing {
 
@@ -123,8 +126,10 @@ inline std::string describe(const char* tensor, std::size_t index) {
 
 }  // namespace detail
 
+namespace detail {
+
 template <layer L>
-gradient_check_result check_gradients(const L& l, const gradient_check_config& config) {
+gradient_check_result check_gradients_once(const L& l, const gradient_check_config& config) {
   using traits = layer_traits<L>;
   gradient_check_result result{};
 
@@ -290,6 +295,24 @@ gradient_check_result check_gradients(const L& l, const gradient_check_config& c
     offset += spec.elements();
   }
   return result;
+}
+
+}  // namespace detail
+
+template <layer L>
+gradient_check_result check_gradients(const L& l, const gradient_check_config& config) {
+  gradient_check_result all{};
+  for (const gemm_provider p : available_gemm_providers()) {
+    const gemm_scope use(p);
+    const gradient_check_result one = detail::check_gradients_once(l, config);
+    all.probes = one.probes;  // the same derivatives on every provider
+    all.mismatches = std::max(all.mismatches, one.mismatches);
+    all.worst = std::max(all.worst, one.worst);
+    for (const std::string& problem : one.problems) {
+      detail::note(all, std::string("[") + to_string(p) + "] " + problem);
+    }
+  }
+  return all;
 }
 
 }  // namespace strata::model::testing

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "strata/model/activations.hpp"
 #include "strata/model/blas.hpp"
+#include "strata/model/gemm.hpp"
 #include "strata/model/dropout.hpp"
 #include "strata/model/flatten.hpp"
 #include "strata/model/linear.hpp"
@@ -8,7 +9,12 @@
 
 #include <doctest/doctest.h>
 
+#include <chrono>
 #include <cmath>
+#include <initializer_list>
+#include <optional>
+#include <string_view>
+#include <utility>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -740,12 +746,190 @@ TEST_CASE("loss_result accumulates micro-batches") {
   CHECK(to_string(total) == "loss_result{.loss_sum = 2, .correct = 3, .samples = 8}");
 }
 
-// ---- blas ---------------------------------------------------------------------------------------
+// ---- gemm ---------------------------------------------------------------------------------------
 
-TEST_CASE("blas_backend names the GEMM in use") {
-#if defined(STRATA_BLAS_OPENBLAS)
-  CHECK(sm::blas_backend() == "OpenBLAS (EIGEN_USE_BLAS)");
-#else
-  CHECK(sm::blas_backend() == "Eigen (built-in GEMM)");
-#endif
+namespace {
+
+sm::gemm_environment fake_machine(strata::cpu_features cpu, bool onednn, std::string core,
+                                  strata::isa_level eigen) {
+  return {.cpu = cpu,
+          .onednn = onednn,
+          .onednn_isa = onednn ? "avx512_core" : "",
+          .onednn_version = onednn ? "2.6.3" : "",
+          .openblas = !core.empty(),
+          .openblas_core = std::move(core),
+          .eigen_isa = eigen};
+}
+
+bool has_note(const sm::gemm_decision& d, std::initializer_list<std::string_view> parts) {
+  for (const std::string& note : d.notes) {
+    bool all = true;
+    for (const std::string_view part : parts) {
+      all = all && note.find(part) != std::string::npos;
+    }
+    if (all) {
+      return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace
+
+TEST_CASE("gemm: auto takes oneDNN, then an OpenBLAS whose kernels fit the CPU, then Eigen") {
+  using strata::isa_level;
+  const strata::cpu_features avx512{.avx2 = true, .avx512 = true};
+  const strata::cpu_features avx2{.avx2 = true};
+  const strata::cpu_features old{};
+  SUBCASE("oneDNN when the build has it, whatever OpenBLAS picked") {
+    for (const char* core : {"SkylakeX", "Prescott", ""}) {
+      const auto d = sm::decide_gemm(std::nullopt, fake_machine(avx512, true, core, isa_level::avx512));
+      CHECK(d.provider == sm::gemm_provider::onednn);
+      CHECK(d.kernel == "avx512_core");
+      CHECK(d.notes.empty());
+    }
+  }
+  SUBCASE("OpenBLAS with kernels for the CPU's widest ISA") {
+    const auto a = sm::decide_gemm(std::nullopt, fake_machine(avx512, false, "SkylakeX", isa_level::avx512));
+    CHECK(a.provider == sm::gemm_provider::openblas);
+    CHECK(a.kernel == "SkylakeX");
+    CHECK(a.notes.empty());
+    const auto b = sm::decide_gemm(std::nullopt, fake_machine(avx2, false, "Haswell", isa_level::avx2));
+    CHECK(b.provider == sm::gemm_provider::openblas);
+    // A core name OpenBLAS has and this table does not (another architecture): used.
+    const auto c = sm::decide_gemm(std::nullopt, fake_machine(avx512, false, "NeoverseN1", isa_level::avx512));
+    CHECK(c.provider == sm::gemm_provider::openblas);
+    // Generic kernels on a CPU without AVX2 are that CPU's kernels.
+    const auto e = sm::decide_gemm(std::nullopt, fake_machine(old, false, "Prescott", isa_level::baseline));
+    CHECK(e.provider == sm::gemm_provider::openblas);
+    CHECK(e.notes.empty());
+  }
+  SUBCASE("an OpenBLAS fallback is skipped, and the note says how to fix it") {
+    const auto d = sm::decide_gemm(std::nullopt, fake_machine(avx512, false, "Prescott", isa_level::avx512));
+    CHECK(d.provider == sm::gemm_provider::eigen);
+    CHECK(d.kernel == "Eigen AVX-512");
+    REQUIRE(d.notes.size() == 1);
+    CHECK(has_note(d, {"Prescott", "SSE", "AVX-512", "not used", "OPENBLAS_CORETYPE=SkylakeX"}));
+    // On an AVX2 CPU the fix names the AVX2 kernels; Haswell kernels on AVX-512 are a fallback.
+    const auto h = sm::decide_gemm(std::nullopt, fake_machine(avx2, false, "Nehalem", isa_level::avx2));
+    CHECK(h.provider == sm::gemm_provider::eigen);
+    CHECK(has_note(h, {"Nehalem", "OPENBLAS_CORETYPE=Haswell"}));
+    const auto w = sm::decide_gemm(std::nullopt, fake_machine(avx512, false, "Haswell", isa_level::avx512));
+    CHECK(w.provider == sm::gemm_provider::eigen);
+    CHECK(has_note(w, {"Haswell", "AVX2"}));
+  }
+  SUBCASE("Eigen compiled below the CPU is said, with the fix") {
+    const auto d = sm::decide_gemm(std::nullopt, fake_machine(avx512, false, "", isa_level::baseline));
+    CHECK(d.provider == sm::gemm_provider::eigen);
+    CHECK(d.kernel == "Eigen SSE");
+    CHECK(has_note(d, {"compiled for SSE", "-march=native", "libdnnl-dev"}));
+    const auto both = sm::decide_gemm(std::nullopt, fake_machine(avx2, false, "Prescott", isa_level::baseline));
+    CHECK(both.notes.size() == 2);
+  }
+  SUBCASE("a provider asked for by name is used, a fallback with its fix") {
+    const auto env = fake_machine(avx512, true, "Prescott", isa_level::avx512);
+    const auto d = sm::decide_gemm(sm::gemm_provider::openblas, env);
+    CHECK(d.provider == sm::gemm_provider::openblas);
+    CHECK(d.kernel == "Prescott");
+    CHECK(has_note(d, {"Prescott", "set OPENBLAS_CORETYPE=SkylakeX", "gemm = \"auto\""}));
+    CHECK(sm::decide_gemm(sm::gemm_provider::eigen, env).provider == sm::gemm_provider::eigen);
+    CHECK(sm::decide_gemm(sm::gemm_provider::onednn, env).provider == sm::gemm_provider::onednn);
+  }
+  SUBCASE("a provider the build lacks is an error naming the package") {
+    const auto env = fake_machine(avx512, false, "", isa_level::avx512);
+    CHECK_THROWS_WITH_AS(sm::decide_gemm(sm::gemm_provider::onednn, env),
+                         doctest::Contains("libdnnl-dev"), std::invalid_argument);
+    CHECK_THROWS_WITH_AS(sm::decide_gemm(sm::gemm_provider::openblas, env),
+                         doctest::Contains("libopenblas-dev"), std::invalid_argument);
+  }
+  CHECK(sm::openblas_core_isa("skylakex") == isa_level::avx512);
+  CHECK(sm::openblas_core_isa("Zen") == isa_level::avx2);
+  CHECK(sm::openblas_core_isa("Prescott") == isa_level::baseline);
+  CHECK_FALSE(sm::openblas_core_isa("ARMV8").has_value());
+}
+
+TEST_CASE("gemm: every provider, every transpose, alpha, beta and leading dimensions") {
+  const std::size_t m = 13;
+  const std::size_t n = 9;
+  const std::size_t k = 21;
+  const std::size_t pad = 3;  // leading dimensions wider than the rows
+  const auto a_values = random_values((m + k) * (m + k + pad), 5);
+  const auto b_values = random_values((n + k) * (n + k + pad), 6);
+  const auto c_start = random_values(m * (n + pad), 7);
+  for (const sm::gemm_provider p : sm::available_gemm_providers()) {
+    for (const bool ta : {false, true}) {
+      for (const bool tb : {false, true}) {
+        for (const auto& [alpha, beta] : {std::pair{1.0f, 0.0f}, std::pair{1.0f, 1.0f},
+                                          std::pair{2.0f, 0.5f}, std::pair{-1.0f, 0.0f}}) {
+          CAPTURE(sm::to_string(p));
+          CAPTURE(ta);
+          CAPTURE(tb);
+          CAPTURE(alpha);
+          CAPTURE(beta);
+          const std::size_t lda = (ta ? m : k) + pad;
+          const std::size_t ldb = (tb ? k : n) + pad;
+          const std::size_t ldc = n + pad;
+          std::vector<float> c = c_start;
+          if (beta == 0.0f) {  // C is not read: NaN there must not reach the result
+            for (std::size_t i = 0; i < m; ++i) {
+              std::fill_n(c.begin() + static_cast<std::ptrdiff_t>(i * ldc), n,
+                          std::numeric_limits<float>::quiet_NaN());
+            }
+          }
+          sm::gemm_on(p, {.transpose_a = ta, .transpose_b = tb}, m, n, k, alpha, a_values.data(),
+                      lda, b_values.data(), ldb, beta, c.data(), ldc);
+          double worst = 0.0;
+          for (std::size_t i = 0; i < m; ++i) {
+            for (std::size_t j = 0; j < n; ++j) {
+              double sum = 0.0;
+              for (std::size_t l = 0; l < k; ++l) {
+                const double av = ta ? a_values[l * lda + i] : a_values[i * lda + l];
+                const double bv = tb ? b_values[j * ldb + l] : b_values[l * ldb + j];
+                sum += av * bv;
+              }
+              const double expected =
+                  alpha * sum + (beta == 0.0f ? 0.0 : beta * static_cast<double>(c_start[i * ldc + j]));
+              worst = std::max(worst, std::abs(expected - c[i * ldc + j]));
+            }
+            // The padding between rows is left alone.
+            for (std::size_t j = n; j < ldc; ++j) {
+              CHECK(c[i * ldc + j] == c_start[i * ldc + j]);
+            }
+          }
+          CHECK(worst < 1e-4);
+        }
+      }
+    }
+    // k = 0: C = beta * C; m = 0 or n = 0: nothing.
+    std::vector<float> c{1.0f, 2.0f};
+    sm::gemm_on(p, {}, 1, 2, 0, 1.0f, a_values.data(), 1, b_values.data(), 2, 0.5f, c.data(), 2);
+    CHECK(c == std::vector<float>{0.5f, 1.0f});
+    sm::gemm_on(p, {}, 0, 2, 3, 1.0f, a_values.data(), 3, b_values.data(), 2, 0.0f, c.data(), 2);
+    CHECK(c == std::vector<float>{0.5f, 1.0f});
+  }
+}
+
+TEST_CASE("gemm: this machine's providers, the current one and its name") {
+  const sm::gemm_environment env = sm::detect_gemm_environment();
+  CHECK(env.onednn == sm::gemm_compiled(sm::gemm_provider::onednn));
+  CHECK(env.openblas == sm::gemm_compiled(sm::gemm_provider::openblas));
+  CHECK(env.openblas == !env.openblas_core.empty());
+  CHECK(env.onednn == !env.onednn_isa.empty());
+  CHECK(sm::gemm_compiled(sm::gemm_provider::eigen));
+  const auto providers = sm::available_gemm_providers();
+  REQUIRE_FALSE(providers.empty());
+  CHECK(providers.back() == sm::gemm_provider::eigen);
+  for (const sm::gemm_provider p : providers) {
+    const sm::gemm_scope use(p);
+    CHECK(sm::current_gemm() == p);
+    CHECK(sm::blas_backend().starts_with(std::string(sm::to_string(p)) + " ("));
+    CHECK(sm::measure_gemm(p, 32, 16, 24, std::chrono::milliseconds(1)) > 0.0);
+  }
+  if (!sm::gemm_compiled(sm::gemm_provider::onednn)) {
+    CHECK_THROWS_AS(sm::use_gemm(sm::gemm_provider::onednn), std::invalid_argument);
+  }
+  // select_gemm makes the decision current.
+  const sm::gemm_decision d = sm::select_gemm(std::nullopt);
+  CHECK(sm::current_gemm() == d.provider);
+  CHECK(d == sm::decide_gemm(std::nullopt, env));
 }

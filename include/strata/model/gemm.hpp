@@ -1,0 +1,523 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+// gemm: the one seam every reference layer's matrix product goes through, and the choice of
+// who computes it.
+//
+//   // C (m x n) = alpha * op(A) * op(B) + beta * C, all row-major with leading dimensions
+//   strata::model::gemm({.transpose_b = true}, m, n, k, 1.0f, x, k, w, k, 0.0f, y, n);
+//
+// Providers, each compiled in when the build found it (CMake options STRATA_USE_ONEDNN and
+// STRATA_USE_BLAS define STRATA_HAVE_ONEDNN and STRATA_BLAS_OPENBLAS):
+//   - onednn:   oneDNN's sgemm (dnnl_sgemm). It dispatches to the widest kernels it knows for
+//               the CPU (AVX2, AVX-512, AMX) and runs on OpenMP threads.
+//   - openblas: OpenBLAS's cblas_sgemm. Its kernels are picked at load time by the CPU's name;
+//               an OpenBLAS older than the CPU falls back to generic ones (Debian 12's 0.3.21
+//               picks its SSE3 "Prescott" kernels on some AVX-512 Xeons, a fifth of the speed).
+//   - eigen:    Eigen's own kernels, for the vector ISA the translation unit was compiled for;
+//               always there.
+//
+// decide_gemm is the choice, a pure function of what the CPU can do and what the providers say
+// of themselves (gemm_environment), so tests give it made-up machines. "auto" takes oneDNN, then
+// an OpenBLAS whose kernels match the CPU, then Eigen; it never takes a fallback silently: what
+// it skipped and how to fix it are notes the trainer logs. A provider that is asked for by name
+// is used, with the same notes. The choice is by capability alone, so the same build on the same
+// machine always computes with the same kernels (resumed runs and N-rank equivalences rely on
+// it); measure_gemm times one product for the log.
+//
+// The process has one current provider (use_gemm, gemm_scope); until something sets it, the
+// first product decides "auto". Threads: set_blas_threads (blas.hpp) sets OpenBLAS's pool and
+// the OpenMP team every thread that calls oneDNN uses; Eigen's kernels run on the caller alone.
+
+#include <Eigen/Core>
+#include <algorithm>
+#include <atomic>
+#include <cctype>
+#include <chrono>
+#include <cstddef>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "strata/core/cpu_features.hpp"
+
+#if defined(STRATA_BLAS_OPENBLAS)
+#include <cblas.h>
+#endif
+#if defined(STRATA_HAVE_ONEDNN)
+#include <dlfcn.h>
+#include <oneapi/dnnl/dnnl.h>
+#endif
+
+namespace strata::model {
+
+enum class gemm_provider { onednn, openblas, eigen };
+
+inline const char* to_string(gemm_provider p) {
+  switch (p) {
+    case gemm_provider::onednn:
+      return "onednn";
+    case gemm_provider::openblas:
+      return "openblas";
+    case gemm_provider::eigen:
+      return "eigen";
+  }
+  return "?";
+}
+
+// Whether this build has the provider.
+constexpr bool gemm_compiled(gemm_provider p) {
+  switch (p) {
+    case gemm_provider::onednn:
+#if defined(STRATA_HAVE_ONEDNN)
+      return true;
+#else
+      return false;
+#endif
+    case gemm_provider::openblas:
+#if defined(STRATA_BLAS_OPENBLAS)
+      return true;
+#else
+      return false;
+#endif
+    case gemm_provider::eigen:
+      return true;
+  }
+  return false;
+}
+
+// The providers this build has, in the order "auto" prefers them.
+inline std::vector<gemm_provider> available_gemm_providers() {
+  std::vector<gemm_provider> out;
+  for (const gemm_provider p : {gemm_provider::onednn, gemm_provider::openblas, gemm_provider::eigen}) {
+    if (gemm_compiled(p)) {
+      out.push_back(p);
+    }
+  }
+  return out;
+}
+
+// What decide_gemm looks at: the CPU and what each provider says of its kernels.
+struct gemm_environment {
+  cpu_features cpu{};
+  bool onednn = false;
+  std::string onednn_isa{};      // the kernel set oneDNN dispatches to: "avx512_core", ...
+  std::string onednn_version{};  // "2.6.3"
+  bool openblas = false;
+  std::string openblas_core{};  // openblas_get_corename(): "SkylakeX", "Haswell", "Prescott", ...
+  isa_level eigen_isa = isa_level::baseline;  // what Eigen's kernels were compiled for
+
+  friend bool operator==(const gemm_environment&, const gemm_environment&) = default;
+};
+
+// The vector ISA of OpenBLAS's kernels for a core name (what openblas_get_corename() says), or
+// nullopt for a name not listed here. x86 only: OpenBLAS's names for other CPUs give nullopt.
+inline std::optional<isa_level> openblas_core_isa(std::string_view core) {
+  std::string name(core);
+  std::transform(name.begin(), name.end(), name.begin(),
+                 [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
+  for (const char* n : {"skylakex", "cooperlake", "sapphirerapids"}) {
+    if (name == n) {
+      return isa_level::avx512;
+    }
+  }
+  for (const char* n : {"haswell", "zen", "skylake"}) {
+    if (name == n) {
+      return isa_level::avx2;
+    }
+  }
+  for (const char* n : {"sandybridge", "bulldozer", "piledriver", "steamroller", "excavator"}) {
+    if (name == n) {
+      return isa_level::avx;
+    }
+  }
+  for (const char* n : {"prescott", "core2", "penryn", "dunnington", "nehalem", "atom", "katmai",
+                        "coppermine", "northwood", "banias", "opteron", "barcelona", "bobcat",
+                        "nano", "generic", "unknown"}) {
+    if (name == n) {
+      return isa_level::baseline;
+    }
+  }
+  return std::nullopt;
+}
+
+// The vector ISA of a oneDNN kernel set name (dnnl_get_effective_cpu_isa, as named here).
+inline isa_level onednn_isa_level(std::string_view isa) {
+  if (isa.starts_with("avx512") || isa.starts_with("amx")) {
+    return isa_level::avx512;
+  }
+  if (isa.starts_with("avx2")) {
+    return isa_level::avx2;
+  }
+  return isa.starts_with("avx") ? isa_level::avx : isa_level::baseline;
+}
+
+struct gemm_decision {
+  gemm_provider provider = gemm_provider::eigen;
+  std::string kernel{};              // the provider's kernels: "avx512_core", "SkylakeX", ...
+  std::vector<std::string> notes{};  // what was skipped or is slow, and how to fix it
+
+  friend bool operator==(const gemm_decision&, const gemm_decision&) = default;
+};
+
+namespace detail {
+
+inline std::string openblas_fix(const cpu_features& cpu) {
+  return widest_isa(cpu) == isa_level::avx512 ? "OPENBLAS_CORETYPE=SkylakeX" : "OPENBLAS_CORETYPE=Haswell";
+}
+
+inline bool openblas_fallback(const gemm_environment& env) {
+  const auto level = openblas_core_isa(env.openblas_core);
+  return level.has_value() && *level < widest_isa(env.cpu);
+}
+
+inline std::string eigen_kernel(const gemm_environment& env) {
+  return std::string("Eigen ") + to_string(env.eigen_isa);
+}
+
+}  // namespace detail
+
+// The provider for `requested` (nullopt: "auto") on `env`. Throws std::invalid_argument when a
+// requested provider is not in this build.
+inline gemm_decision decide_gemm(std::optional<gemm_provider> requested,
+                                 const gemm_environment& env) {
+  const std::string cpu = describe(env.cpu);
+  const bool openblas_slow = env.openblas && detail::openblas_fallback(env);
+  const auto openblas_note = [&](bool used) {
+    const isa_level level = openblas_core_isa(env.openblas_core).value_or(isa_level::baseline);
+    return std::string("OpenBLAS picked its ") + env.openblas_core + " kernels (" +
+           to_string(level) + ") on this " + cpu + " CPU, which run at a fraction of its speed" +
+           (used ? ": set " : "; it was not used: to use it, set ") + detail::openblas_fix(env.cpu) +
+           " in the environment" + (used ? ", or gemm = \"auto\"" : "") +
+           " (a newer OpenBLAS knows this CPU)";
+  };
+  const auto eigen_note = [&] {
+    return "Eigen's kernels were compiled for " + std::string(to_string(env.eigen_isa)) +
+           " on this " + cpu +
+           " CPU: compile with -march=native, or install oneDNN (Debian: libdnnl-dev)";
+  };
+  gemm_decision d{};
+  const auto take = [&](gemm_provider p) {
+    d.provider = p;
+    switch (p) {
+      case gemm_provider::onednn:
+        d.kernel = env.onednn_isa;
+        break;
+      case gemm_provider::openblas:
+        d.kernel = env.openblas_core;
+        if (openblas_slow) {
+          d.notes.push_back(openblas_note(true));
+        }
+        break;
+      case gemm_provider::eigen:
+        d.kernel = detail::eigen_kernel(env);
+        if (env.eigen_isa < widest_isa(env.cpu)) {
+          d.notes.push_back(eigen_note());
+        }
+        break;
+    }
+  };
+  if (requested) {
+    const bool present = *requested == gemm_provider::onednn     ? env.onednn
+                         : *requested == gemm_provider::openblas ? env.openblas
+                                                                 : true;
+    if (!present) {
+      throw std::invalid_argument(
+          std::string("gemm = \"") + to_string(*requested) + "\": this build has no " +
+          (*requested == gemm_provider::onednn
+               ? "oneDNN (Debian: libdnnl-dev; reconfigure with -DSTRATA_USE_ONEDNN=ON)"
+               : "OpenBLAS (Debian: libopenblas-dev; reconfigure with -DSTRATA_USE_BLAS=ON)") +
+          "; use \"auto\" or one of the providers it has");
+    }
+    take(*requested);
+    return d;
+  }
+  if (env.onednn) {
+    take(gemm_provider::onednn);
+  } else if (env.openblas && !openblas_slow) {
+    take(gemm_provider::openblas);
+  } else {
+    take(gemm_provider::eigen);
+    if (env.openblas) {
+      d.notes.insert(d.notes.begin(), openblas_note(false));
+    }
+  }
+  return d;
+}
+
+// What the providers in this process say of themselves, and the CPU.
+inline gemm_environment detect_gemm_environment() {
+  gemm_environment env{};
+  env.cpu = detect_cpu_features();
+#if defined(STRATA_HAVE_ONEDNN)
+  env.onednn = true;
+  switch (dnnl_get_effective_cpu_isa()) {
+    case dnnl_cpu_isa_sse41:
+      env.onednn_isa = "sse41";
+      break;
+    case dnnl_cpu_isa_avx:
+      env.onednn_isa = "avx";
+      break;
+    case dnnl_cpu_isa_avx2:
+      env.onednn_isa = "avx2";
+      break;
+    case dnnl_cpu_isa_avx2_vnni:
+      env.onednn_isa = "avx2_vnni";
+      break;
+    case dnnl_cpu_isa_avx512_core:
+      env.onednn_isa = "avx512_core";
+      break;
+    case dnnl_cpu_isa_avx512_core_vnni:
+      env.onednn_isa = "avx512_core_vnni";
+      break;
+    case dnnl_cpu_isa_avx512_core_bf16:
+      env.onednn_isa = "avx512_core_bf16";
+      break;
+    case dnnl_cpu_isa_avx512_core_amx:
+      env.onednn_isa = "avx512_core_amx";
+      break;
+    default:
+      env.onednn_isa = "other";
+      break;
+  }
+  const dnnl_version_t* v = dnnl_version();
+  env.onednn_version =
+      std::to_string(v->major) + "." + std::to_string(v->minor) + "." + std::to_string(v->patch);
+#endif
+#if defined(STRATA_BLAS_OPENBLAS)
+  env.openblas = true;
+  env.openblas_core = openblas_get_corename();
+#endif
+#if defined(EIGEN_VECTORIZE_AVX512)
+  env.eigen_isa = isa_level::avx512;
+#elif defined(EIGEN_VECTORIZE_AVX2)
+  env.eigen_isa = isa_level::avx2;
+#elif defined(EIGEN_VECTORIZE_AVX)
+  env.eigen_isa = isa_level::avx;
+#else
+  env.eigen_isa = isa_level::baseline;
+#endif
+  return env;
+}
+
+namespace detail {
+
+inline std::atomic<int>& gemm_current() {
+  static std::atomic<int> current{-1};  // -1: not chosen yet
+  return current;
+}
+
+// The OpenMP team size every thread that calls oneDNN is to use (0: OpenMP's own default).
+inline std::atomic<int>& gemm_omp_threads() {
+  static std::atomic<int> threads{0};
+  return threads;
+}
+
+#if defined(STRATA_HAVE_ONEDNN)
+// OpenMP's team size is a per-thread setting: each thread that calls oneDNN applies the
+// process's count before its first product and after every change. libgomp comes with oneDNN;
+// it is looked up at run time so that nothing here is compiled with -fopenmp.
+inline void apply_omp_threads() {
+  thread_local int applied = 0;
+  const int want = gemm_omp_threads().load(std::memory_order_relaxed);
+  if (want <= 0 || want == applied) {
+    return;
+  }
+  using setter = void (*)(int);
+  static const auto set = reinterpret_cast<setter>(dlsym(RTLD_DEFAULT, "omp_set_num_threads"));
+  if (set != nullptr) {
+    set(want);
+  }
+  applied = want;
+}
+#endif
+
+}  // namespace detail
+
+// Makes p the process's provider. Throws std::invalid_argument when this build lacks it.
+inline void use_gemm(gemm_provider p) {
+  if (!gemm_compiled(p)) {
+    throw std::invalid_argument(std::string("use_gemm: this build has no ") + to_string(p));
+  }
+  detail::gemm_current().store(static_cast<int>(p));
+}
+
+// Decides (nullopt: "auto") on this machine, makes the result current and returns it.
+inline gemm_decision select_gemm(std::optional<gemm_provider> requested) {
+  gemm_decision d = decide_gemm(requested, detect_gemm_environment());
+  use_gemm(d.provider);
+  return d;
+}
+
+// The process's provider; "auto" decides it on first use.
+inline gemm_provider current_gemm() {
+  const int p = detail::gemm_current().load(std::memory_order_relaxed);
+  if (p >= 0) {
+    return static_cast<gemm_provider>(p);
+  }
+  return select_gemm(std::nullopt).provider;
+}
+
+// Sets the provider for a scope and restores the one before (tests and benchmarks).
+class gemm_scope {
+ public:
+  explicit gemm_scope(gemm_provider p) : before_(detail::gemm_current().load()) { use_gemm(p); }
+  ~gemm_scope() { detail::gemm_current().store(before_); }
+  gemm_scope(const gemm_scope&) = delete;
+  gemm_scope& operator=(const gemm_scope&) = delete;
+
+ private:
+  int before_;
+};
+
+struct gemm_transpose {
+  bool transpose_a = false;  // A is stored k x m (lda >= m) and used transposed
+  bool transpose_b = false;  // B is stored n x k (ldb >= k) and used transposed
+};
+
+namespace detail {
+
+using gemm_row_major = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+using gemm_const_map = Eigen::Map<const gemm_row_major, 0, Eigen::OuterStride<>>;
+using gemm_map = Eigen::Map<gemm_row_major, 0, Eigen::OuterStride<>>;
+
+template <class A, class B>
+void eigen_product(const A& a, const B& b, float alpha, float beta, gemm_map& c) {
+  if (beta == 0.0f) {
+    c.noalias() = alpha * a * b;
+  } else {
+    if (beta != 1.0f) {
+      c *= beta;
+    }
+    c.noalias() += alpha * a * b;
+  }
+}
+
+inline void eigen_gemm(gemm_transpose t, Eigen::Index m, Eigen::Index n, Eigen::Index k,
+                       float alpha, const float* a, Eigen::Index lda, const float* b,
+                       Eigen::Index ldb, float beta, float* c, Eigen::Index ldc) {
+  gemm_map cm(c, m, n, Eigen::OuterStride<>(ldc));
+  const gemm_const_map am(a, t.transpose_a ? k : m, t.transpose_a ? m : k,
+                          Eigen::OuterStride<>(lda));
+  const gemm_const_map bm(b, t.transpose_b ? n : k, t.transpose_b ? k : n,
+                          Eigen::OuterStride<>(ldb));
+  if (t.transpose_a && t.transpose_b) {
+    eigen_product(am.transpose(), bm.transpose(), alpha, beta, cm);
+  } else if (t.transpose_a) {
+    eigen_product(am.transpose(), bm, alpha, beta, cm);
+  } else if (t.transpose_b) {
+    eigen_product(am, bm.transpose(), alpha, beta, cm);
+  } else {
+    eigen_product(am, bm, alpha, beta, cm);
+  }
+}
+
+}  // namespace detail
+
+// C = alpha * op(A) * op(B) + beta * C on provider p (row-major; C is m x n with leading
+// dimension ldc, op(A) m x k, op(B) k x n). beta = 0 overwrites C without reading it. Sizes must
+// fit an int (the BLAS interfaces take int); larger ones throw std::length_error.
+inline void gemm_on(gemm_provider p, gemm_transpose t, std::size_t m, std::size_t n,
+                    std::size_t k, float alpha, const float* a, std::size_t lda, const float* b,
+                    std::size_t ldb, float beta, float* c, std::size_t ldc) {
+  if (m == 0 || n == 0) {
+    return;
+  }
+  constexpr std::size_t int_max = 2147483647;
+  if (std::max({m, n, k, lda, ldb, ldc}) > int_max) {
+    throw std::length_error("gemm: a dimension above 2^31 - 1");
+  }
+  const auto i = [](std::size_t v) { return static_cast<int>(v); };
+  if (k == 0) {  // an empty sum: C = beta * C, the same on every provider
+    detail::gemm_map cm(c, i(m), i(n), Eigen::OuterStride<>(i(ldc)));
+    if (beta == 0.0f) {
+      cm.setZero();
+    } else if (beta != 1.0f) {
+      cm *= beta;
+    }
+    return;
+  }
+  switch (p) {
+    case gemm_provider::onednn:
+#if defined(STRATA_HAVE_ONEDNN)
+    {
+      detail::apply_omp_threads();
+      const dnnl_status_t status =
+          dnnl_sgemm(t.transpose_a ? 'T' : 'N', t.transpose_b ? 'T' : 'N', i(m), i(n), i(k),
+                     alpha, a, i(lda), b, i(ldb), beta, c, i(ldc));
+      if (status != dnnl_success) {
+        throw std::runtime_error("gemm: dnnl_sgemm failed with status " +
+                                 std::to_string(static_cast<int>(status)) + " for " +
+                                 std::to_string(m) + "x" + std::to_string(n) + "x" +
+                                 std::to_string(k));
+      }
+      return;
+    }
+#else
+      break;
+#endif
+    case gemm_provider::openblas:
+#if defined(STRATA_BLAS_OPENBLAS)
+      cblas_sgemm(CblasRowMajor, t.transpose_a ? CblasTrans : CblasNoTrans,
+                  t.transpose_b ? CblasTrans : CblasNoTrans, i(m), i(n), i(k), alpha, a, i(lda),
+                  b, i(ldb), beta, c, i(ldc));
+      return;
+#else
+      break;
+#endif
+    case gemm_provider::eigen:
+      detail::eigen_gemm(t, i(m), i(n), i(k), alpha, a, i(lda), b, i(ldb), beta, c, i(ldc));
+      return;
+  }
+  throw std::invalid_argument(std::string("gemm: this build has no ") + to_string(p));
+}
+
+// The same on the process's current provider.
+inline void gemm(gemm_transpose t, std::size_t m, std::size_t n, std::size_t k, float alpha,
+                 const float* a, std::size_t lda, const float* b, std::size_t ldb, float beta,
+                 float* c, std::size_t ldc) {
+  gemm_on(current_gemm(), t, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+// GFLOP/s of an m x n x k product (no transposes) on p: the best of repeats within `budget`
+// after one warm-up call, on data that is not all zero. For the log and benchmarks.
+inline double measure_gemm(gemm_provider p, std::size_t m, std::size_t n, std::size_t k,
+                           std::chrono::milliseconds budget = std::chrono::milliseconds(30)) {
+  std::vector<float> a(m * k);
+  std::vector<float> b(k * n);
+  std::vector<float> c(m * n);
+  for (std::size_t j = 0; j < a.size(); ++j) {
+    a[j] = static_cast<float>(j % 7) * 0.25f - 0.5f;
+  }
+  for (std::size_t j = 0; j < b.size(); ++j) {
+    b[j] = static_cast<float>(j % 5) * 0.125f - 0.25f;
+  }
+  using clock = std::chrono::steady_clock;
+  const auto once = [&] {
+    const auto start = clock::now();
+    gemm_on(p, {}, m, n, k, 1.0f, a.data(), k, b.data(), n, 0.0f, c.data(), n);
+    return std::chrono::duration<double>(clock::now() - start).count();
+  };
+  once();
+  double best = once();
+  const auto end = clock::now() + budget;
+  for (int r = 0; r < 200 && clock::now() < end; ++r) {
+    best = std::min(best, once());
+  }
+  return best > 0.0 ? 2.0 * static_cast<double>(m) * static_cast<double>(n) *
+                          static_cast<double>(k) / best / 1e9
+                    : 0.0;
+}
+
+// "onednn (avx512_core, oneDNN 2.6.3)": the provider and its kernels, for logs.
+inline std::string describe(const gemm_decision& d, const gemm_environment& env) {
+  std::string text = std::string(to_string(d.provider)) + " (" + d.kernel;
+  if (d.provider == gemm_provider::onednn && !env.onednn_version.empty()) {
+    text += ", oneDNN " + env.onednn_version;
+  }
+  return text + ")";
+}
+
+}  // namespace strata::model
