@@ -1,13 +1,23 @@
 // SPDX-License-Identifier: Apache-2.0
 // How fast does the trainer train, and what does its machinery cost? The Fashion-MNIST MLP of
-// example 01 (784-1024-1024-10, ReLU, dropout 0.1, SGD with Nesterov momentum) at batch 256:
-//   - strata's trainer (trainer::fit) against a hand-written loop over the same loader, layers,
-//     loss and optimizer (the policy and bookkeeping overhead);
-//   - both against PyTorch on CPU at the same batch and thread count, measured in the same run
-//     by bench/train/torch_mlp.py when `import torch` works.
+// example 01 (784-1024-1024-10, ReLU, dropout 0.1, SGD with Nesterov momentum) at batch 256,
+// for each thread count, in one run:
+//   - strata_fp32: strata's trainer (trainer::fit), float32, on the GEMM provider `--gemm` picks
+//     (auto: what the trainer's default picks); strata_loop_fp32: a hand-written loop over the
+//     same loader, layers, loss and optimizer (the policy and bookkeeping overhead);
+//   - strata_bf16: the trainer with precision::bf16;
+//   - pytorch_fp32 and pytorch_bf16 (torch.autocast to bfloat16) on CPU at the same batch and
+//     threads, by bench/train/torch_mlp.py when `import torch` works, with OPENBLAS_CORETYPE
+//     set right when this process's OpenBLAS picked fallback kernels;
+//   - limit_fp32: the step's GEMMs alone (forward, weight and input gradients at the model's
+//     shapes) on the fastest provider, as samples/s: what no float32 trainer on these kernels
+//     passes. limit_bf16 needs bfloat16 products, which strata's providers do not run yet: its
+//     row says so.
+// The first lines name the CPU (model, vector ISA) and each provider's kernels.
 //
 //   build/bench/bench_trainer [--data-dir DIR] [--batch 256] [--steps 60] [--threads 1,2]
-//                             [--repeats 3] [--no-torch] [--json FILE]
+//                             [--repeats 3] [--gemm auto|onednn|openblas|eigen] [--no-bf16]
+//                             [--no-torch] [--json FILE]
 //
 // Formulas: docs/benchmarks.md.
 
@@ -32,6 +42,7 @@
 #include "strata/model/layers.hpp"
 #include "strata/model/sequential.hpp"
 #include "strata/optim/any_optimizer.hpp"
+#include "strata/precision/mixed.hpp"
 #include "strata/train/trainer.hpp"
 
 namespace sd = strata::data;
@@ -50,6 +61,8 @@ struct options {
   std::vector<int> threads{1, 2};
   std::size_t repeats = 3;
   bool torch = true;
+  bool bf16 = true;
+  std::string gemm = "auto";
   std::string json_path;
 };
 
@@ -71,12 +84,21 @@ options parse(int argc, char** argv) {
       o.repeats = std::max<std::size_t>(1, std::stoul(value()));
     } else if (a == "--no-torch") {
       o.torch = false;
+    } else if (a == "--no-bf16") {
+      o.bf16 = false;
+    } else if (a == "--gemm") {
+      o.gemm = value();
+      if (!strata::config::parse_enum<strata::config::gemm_kind>(o.gemm)) {
+        std::fprintf(stderr, "bench_trainer: --gemm must be auto, onednn, openblas or eigen\n");
+        std::exit(2);
+      }
     } else if (a == "--json") {
       o.json_path = value();
     } else {
       std::fprintf(stderr,
                    "usage: bench_trainer [--data-dir DIR] [--batch N] [--steps N] [--threads a,b] "
-                   "[--repeats N] [--no-torch] [--json FILE]\n");
+                   "[--repeats N] [--gemm auto|onednn|openblas|eigen] [--no-bf16] [--no-torch] "
+                   "[--json FILE]\n");
       std::exit(2);
     }
   }
@@ -107,6 +129,7 @@ strata::config::train_config run_config(const options& o, const std::filesystem:
   cfg.resume = strata::config::resume_mode::never;
   cfg.lr_schedule = strata::config::lr_schedule_kind::constant;
   cfg.warmup_epochs = 0.0;
+  cfg.gemm = *strata::config::parse_enum<strata::config::gemm_kind>(o.gemm);
   return cfg;
 }
 
@@ -117,10 +140,12 @@ double rate_of(const std::vector<clock_type::time_point>& ends, const options& o
   return static_cast<double>(o.steps * o.batch) / seconds;
 }
 
+template <class... Policies>
 double run_trainer(const sd::idx_dataset& train, const options& o) {
   const auto dir = std::filesystem::temp_directory_path() / "strata_bench_trainer";
   std::filesystem::remove_all(dir);
-  st::trainer t(make_mlp(), run_config(o, dir), {.print_progress = false});
+  st::trainer<decltype(make_mlp()), Policies...> t(make_mlp(), run_config(o, dir),
+                                                   {.print_progress = false});
   std::vector<clock_type::time_point> ends;
   t.on_step([&](const st::step_metrics&) { ends.push_back(clock_type::now()); });
   t.fit(train, augmentation(), train, sd::fashion_mnist_normalize());
@@ -179,13 +204,16 @@ double run_loop(const sd::idx_dataset& train, const options& o) {
   return rate_of(ends, o);
 }
 
-std::optional<nlohmann::json> run_torch(const options& o, int threads) {
+std::optional<nlohmann::json> run_torch(const options& o, int threads, bool bf16,
+                                        const std::string& coretype) {
   const std::filesystem::path script =
       std::filesystem::path(STRATA_SOURCE_DIR) / "bench" / "train" / "torch_mlp.py";
   // Debian's interpreter first: python3-torch installs into /usr/lib/python3.
   const std::string python =
       std::filesystem::exists("/usr/bin/python3") ? "/usr/bin/python3" : "python3";
-  const std::string command = python + " " + script.string() + " --threads " +
+  const std::string command = (coretype.empty() ? "" : "OPENBLAS_CORETYPE=" + coretype + " ") +
+                              python + " " + script.string() + (bf16 ? " --bf16" : "") +
+                              " --threads " +
                               std::to_string(threads) + " --batch " + std::to_string(o.batch) +
                               " --steps " + std::to_string(o.steps) + " --repeats " +
                               std::to_string(o.repeats) + " 2>/dev/null";
@@ -205,56 +233,176 @@ std::optional<nlohmann::json> run_torch(const options& o, int threads) {
   }
 }
 
+// Seconds of one step's products of the MLP at `batch` on provider p, the best of a few rounds:
+// forward x W^T, weight gradients dy^T x and input gradients dy W (none for the first layer,
+// whose input needs none), as the reference linear layer calls them.
+double step_gemm_seconds(sm::gemm_provider p, std::size_t batch) {
+  struct layer_shape {
+    std::size_t in;
+    std::size_t out;
+    bool input_grad;
+  };
+  const layer_shape layers[] = {{784, 1024, false}, {1024, 1024, true}, {1024, 10, true}};
+  std::vector<float> x(batch * 1024, 0.5f);
+  std::vector<float> w(1024 * 1024, 0.25f);
+  std::vector<float> y(batch * 1024);
+  std::vector<float> dw(1024 * 1024);
+  double best = 1e30;
+  for (int round = 0; round < 5; ++round) {
+    const auto start = clock_type::now();
+    for (const layer_shape& l : layers) {
+      sm::gemm_on(p, {.transpose_b = true}, batch, l.out, l.in, 1.0f, x.data(), l.in, w.data(),
+                  l.in, 1.0f, y.data(), l.out);
+      sm::gemm_on(p, {.transpose_a = true}, l.out, l.in, batch, 1.0f, y.data(), l.out, x.data(),
+                  l.in, 1.0f, dw.data(), l.in);
+      if (l.input_grad) {
+        sm::gemm_on(p, {}, batch, l.in, l.out, 1.0f, y.data(), l.out, w.data(), l.in, 0.0f,
+                    x.data(), l.in);
+      }
+    }
+    best = std::min(best, std::chrono::duration<double>(clock_type::now() - start).count());
+  }
+  return best;
+}
+
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.starts_with("model name")) {
+      const auto colon = line.find(':');
+      return colon == std::string::npos ? line : line.substr(colon + 2);
+    }
+  }
+  return "unknown CPU";
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const options o = parse(argc, argv);
   const sd::idx_dataset train = sd::load_fashion_mnist(o.data_dir, sd::fashion_mnist_split::train);
-  std::printf(
-      "# MLP 784-1024-1024-10 training on Fashion-MNIST, batch %zu, %zu timed steps after "
-      "%zu, median of %zu runs; BLAS: %s\n",
-      o.batch, o.steps, o.warmup, o.repeats, std::string(sm::blas_backend()).c_str());
-  std::printf("%8s %14s %14s %9s %14s %9s\n", "threads", "trainer(s/s)", "hand loop", "overhead",
-              "pytorch(s/s)", "ratio");
+  const sm::gemm_environment env = sm::detect_gemm_environment();
+  st::detail::choose_gemm(run_config(o, "unused"));  // the hand loop's provider: the trainer's
+  std::printf("# MLP 784-1024-1024-10 training on Fashion-MNIST, batch %zu, %zu timed steps after "
+              "%zu, median of %zu runs\n",
+              o.batch, o.steps, o.warmup, o.repeats);
+  std::printf("# CPU: %s; %s\n", cpu_model().c_str(), strata::describe(env.cpu).c_str());
+  for (const sm::gemm_provider p : sm::available_gemm_providers()) {
+    std::printf("# provider %s\n", sm::describe(sm::decide_gemm(p, env), env).c_str());
+  }
+  // What OpenBLAS would need to use its proper kernels (for PyTorch's run too, if it uses it).
+  std::string coretype;
+  if (env.openblas) {
+    const auto level = sm::openblas_core_isa(env.openblas_core);
+    if (level && *level < strata::widest_isa(env.cpu)) {
+      coretype = strata::widest_isa(env.cpu) == strata::isa_level::avx512 ? "SkylakeX" : "Haswell";
+      std::printf("# OpenBLAS picked %s kernels here: PyTorch runs with OPENBLAS_CORETYPE=%s\n",
+                  env.openblas_core.c_str(), coretype.c_str());
+    }
+  }
+  std::printf("%-14s %8s %14s %10s  %s\n", "config", "threads", "samples/s", "vs torch", "note");
   nlohmann::json rows = nlohmann::json::array();
+  const auto row = [&](const char* config, int threads, std::optional<double> rate,
+                       std::optional<double> versus, const std::string& note) {
+    nlohmann::json r{{"config", config}, {"threads", threads}};
+    r["samples_per_s"] = rate ? nlohmann::json(*rate) : nlohmann::json(nullptr);
+    if (versus) {
+      r["vs_pytorch"] = *versus;
+    }
+    if (!note.empty()) {
+      r["note"] = note;
+    }
+    char rate_text[32] = "n/a";
+    char versus_text[32] = "";
+    if (rate) {
+      std::snprintf(rate_text, sizeof rate_text, "%.0f", *rate);
+    }
+    if (versus) {
+      std::snprintf(versus_text, sizeof versus_text, "%.2fx", *versus);
+    }
+    std::printf("%-14s %8d %14s %10s  %s\n", config, threads, rate_text, versus_text,
+                note.c_str());
+    rows.push_back(std::move(r));
+  };
   for (int t : o.threads) {
     strata::model::set_blas_threads(t);
-    // Alternate the two so that drift on a shared machine hits both alike.
+    // Alternate the runs so that drift on a shared machine hits them alike.
     std::vector<double> trainer_rates;
     std::vector<double> loop_rates;
+    std::vector<double> bf16_rates;
     for (std::size_t r = 0; r < o.repeats; ++r) {
       loop_rates.push_back(run_loop(train, o));
-      trainer_rates.push_back(run_trainer(train, o));
+      trainer_rates.push_back(run_trainer<>(train, o));
+      if (o.bf16) {
+        bf16_rates.push_back(run_trainer<strata::precision::bf16>(train, o));
+      }
     }
-    std::sort(trainer_rates.begin(), trainer_rates.end());
-    std::sort(loop_rates.begin(), loop_rates.end());
-    const double trainer_rate = trainer_rates[trainer_rates.size() / 2];
-    const double loop_rate = loop_rates[loop_rates.size() / 2];
-    const double overhead = loop_rate / trainer_rate - 1.0;
-    const auto torch = o.torch ? run_torch(o, t) : std::nullopt;
-    nlohmann::json row{{"threads", t},
-                       {"trainer_samples_per_s", trainer_rate},
-                       {"loop_samples_per_s", loop_rate},
-                       {"overhead", overhead}};
-    if (torch) {
-      const double torch_rate = torch->at("samples_per_s").get<double>();
-      row["pytorch_samples_per_s"] = torch_rate;
-      row["pytorch_version"] = torch->at("torch");
-      row["ratio"] = trainer_rate / torch_rate;
-      std::printf("%8d %14.0f %14.0f %8.1f%% %14.0f %8.2fx\n", t, trainer_rate, loop_rate,
-                  overhead * 100.0, torch_rate, trainer_rate / torch_rate);
-    } else {
-      std::printf("%8d %14.0f %14.0f %8.1f%% %14s %9s\n", t, trainer_rate, loop_rate,
-                  overhead * 100.0, "n/a", "n/a");
+    const std::string provider = sm::describe(sm::decide_gemm(sm::current_gemm(), env), env);
+    const double trainer_rate = median(trainer_rates);
+    const double loop_rate = median(loop_rates);
+    const auto torch = o.torch ? run_torch(o, t, false, coretype) : std::nullopt;
+    const auto torch_bf16 = o.torch && o.bf16 ? run_torch(o, t, true, coretype) : std::nullopt;
+    const auto rate_of_torch = [](const std::optional<nlohmann::json>& j) -> std::optional<double> {
+      if (!j) {
+        return std::nullopt;
+      }
+      return j->at("samples_per_s").get<double>();
+    };
+    const auto torch_rate = rate_of_torch(torch);
+    const auto torch_bf16_rate = rate_of_torch(torch_bf16);
+    const auto versus = [](double a, std::optional<double> b) -> std::optional<double> {
+      return b ? std::optional<double>(a / *b) : std::nullopt;
+    };
+    // The fp32 GEMM limit on the fastest provider, this thread count.
+    double limit_seconds = 1e30;
+    std::string limit_provider;
+    for (const sm::gemm_provider p : sm::available_gemm_providers()) {
+      const double seconds = step_gemm_seconds(p, o.batch);
+      if (seconds < limit_seconds) {
+        limit_seconds = seconds;
+        limit_provider = sm::to_string(p);
+      }
     }
-    rows.push_back(row);
-  }
-  if (!o.torch || rows.empty() || !rows[0].contains("pytorch_samples_per_s")) {
-    std::printf("# PyTorch baseline: not run (%s)\n",
-                o.torch ? "python3 cannot import torch; Debian: python3-torch" : "--no-torch");
+    const double limit = static_cast<double>(o.batch) / limit_seconds;
+    char share[64];
+    std::snprintf(share, sizeof share, "; %.1f%% of limit_fp32", 100.0 * trainer_rate / limit);
+    row("strata_fp32", t, trainer_rate, versus(trainer_rate, torch_rate), provider + share);
+    char overhead[64];
+    std::snprintf(overhead, sizeof overhead, "the trainer's overhead over it: %.1f%%",
+                  100.0 * (loop_rate / trainer_rate - 1.0));
+    row("strata_loop_fp32", t, loop_rate, versus(loop_rate, torch_rate), overhead);
+    if (o.bf16) {
+      const double bf16_rate = median(bf16_rates);
+      row("strata_bf16", t, bf16_rate, versus(bf16_rate, torch_bf16_rate),
+          "bfloat16 emulated: float32 products on rounded values");
+    }
+    row("pytorch_fp32", t, torch_rate, std::nullopt,
+        torch ? "torch " + torch->at("torch").get<std::string>()
+              : std::string(o.torch ? "python3 cannot import torch (Debian: python3-torch)"
+                                    : "--no-torch"));
+    if (o.bf16) {
+      row("pytorch_bf16", t, torch_bf16_rate, std::nullopt,
+          torch_bf16 ? "torch.autocast(cpu, bfloat16)"
+                     : std::string(o.torch ? "not run" : "--no-torch"));
+    }
+    row("limit_fp32", t, limit, std::nullopt, "the step's GEMMs alone on " + limit_provider);
+    if (o.bf16) {
+      row("limit_bf16", t, std::nullopt, std::nullopt,
+          "no bfloat16 GEMM provider in strata yet");
+    }
   }
   if (!o.json_path.empty()) {
-    std::ofstream(o.json_path) << nlohmann::json{{"batch", o.batch}, {"rows", rows}}.dump(2)
+    std::ofstream(o.json_path) << nlohmann::json{{"batch", o.batch},
+                                                 {"cpu", cpu_model()},
+                                                 {"isa", strata::describe(env.cpu)},
+                                                 {"rows", rows}}
+                                      .dump(2)
                                << "\n";
   }
   return 0;

@@ -2,7 +2,10 @@
 """PyTorch baseline of bench_trainer: the same MLP (784-1024-1024-10, ReLU, dropout 0.1), SGD
 with Nesterov momentum, softmax cross-entropy, at the same batch and thread count, on CPU.
 
-  python3 torch_mlp.py --threads 1 --batch 256 --steps 60 --warmup 5
+  python3 torch_mlp.py --threads 1 --batch 256 --steps 60 --warmup 5 [--bf16]
+
+--bf16 runs forward and the loss under torch.autocast("cpu", dtype=torch.bfloat16), PyTorch's
+mixed precision on CPU (float32 weights, bfloat16 matmuls where the CPU has them).
 
 Inputs are random tensors made once in memory (no loading or augmentation is timed, which
 favours this baseline). Prints one JSON object: {"threads", "batch", "samples_per_s", "torch"}.
@@ -21,6 +24,7 @@ def main():
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--bf16", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -37,7 +41,8 @@ def main():
 
     def step(i):
         optimizer.zero_grad(set_to_none=True)
-        loss = loss_fn(model(inputs[i]), labels[i])
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
+            loss = loss_fn(model(inputs[i]), labels[i])
         loss.backward()
         optimizer.step()
 
@@ -51,7 +56,8 @@ def main():
         rates.append(args.steps * args.batch / (time.perf_counter() - begin))
     rates.sort()
     print(json.dumps({"threads": args.threads, "batch": args.batch,
-                      "samples_per_s": rates[len(rates) // 2], "torch": torch.__version__}))
+                      "samples_per_s": rates[len(rates) // 2], "torch": torch.__version__,
+                      "bf16": args.bf16}))
 
 
 if __name__ == "__main__":

@@ -64,7 +64,7 @@ int main(int argc, char** argv) {
         return examples::train_as_configured(make_cnn(), cfg, [&](auto& run) {
           if (run.rank() == 0) {
             std::printf(
-                "fashion_mnist_cnn: %zu parameters, %zu training / %zu test samples, BLAS: %s, "
+                "fashion_mnist_cnn: %zu parameters, %zu training / %zu test samples, GEMM: %s, "
                 "%d rank(s)\n",
                 run.params().parameter_count(), train.size(), test.size(),
                 std::string(sm::blas_backend()).c_str(), run.world_size());

@@ -490,10 +490,10 @@ inline std::vector<std::string> compute_log(const model::gemm_decision& d, std::
   std::vector<std::string> lines;
   char rate[64];
   std::snprintf(rate, sizeof rate, "%.1f", model::measure_gemm(d.provider, batch, rows, cols));
-  lines.push_back("gemm: " + model::describe(d, env) + " on a " + describe(env.cpu) + " CPU, " +
+  lines.push_back("gemm: " + model::describe(d, env) + ", " +
                   std::to_string(model::blas_threads()) + " thread(s), " + rate +
                   " GFLOP/s on a " + std::to_string(batch) + "x" + std::to_string(rows) + "x" +
-                  std::to_string(cols) + " product");
+                  std::to_string(cols) + " product; CPU: " + describe(env.cpu));
   for (const std::string& note : d.notes) {
     lines.push_back("gemm: " + note);
   }
