@@ -11,8 +11,9 @@
 //     set right when this process's OpenBLAS picked fallback kernels;
 //   - limit_fp32: the step's GEMMs alone (forward, weight and input gradients at the model's
 //     shapes) on the fastest provider, as samples/s: what no float32 trainer on these kernels
-//     passes. limit_bf16 needs bfloat16 products, which strata's providers do not run yet: its
-//     row says so.
+//     passes. Measured between the trainer's runs (the best of 8 rounds each time; the median
+//     of those), so that a shared machine's drift hits both alike. limit_bf16 needs bfloat16
+//     products, which strata's providers do not run yet: its row says so.
 // The first lines name the CPU (model, vector ISA) and each provider's kernels.
 //
 //   build/bench/bench_trainer [--data-dir DIR] [--batch 256] [--steps 60] [--threads 1,2]
@@ -30,6 +31,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -144,8 +146,11 @@ template <class... Policies>
 double run_trainer(const sd::idx_dataset& train, const options& o) {
   const auto dir = std::filesystem::temp_directory_path() / "strata_bench_trainer";
   std::filesystem::remove_all(dir);
-  st::trainer<decltype(make_mlp()), Policies...> t(make_mlp(), run_config(o, dir),
-                                                   {.print_progress = false});
+  auto cfg = run_config(o, dir);
+  if constexpr ((std::is_same_v<Policies, strata::precision::bf16> || ...)) {
+    cfg.mixed_precision_dtype = strata::config::precision_dtype::bfloat16;
+  }
+  st::trainer<decltype(make_mlp()), Policies...> t(make_mlp(), cfg, {.print_progress = false});
   std::vector<clock_type::time_point> ends;
   t.on_step([&](const st::step_metrics&) { ends.push_back(clock_type::now()); });
   t.fit(train, augmentation(), train, sd::fashion_mnist_normalize());
@@ -213,10 +218,9 @@ std::optional<nlohmann::json> run_torch(const options& o, int threads, bool bf16
       std::filesystem::exists("/usr/bin/python3") ? "/usr/bin/python3" : "python3";
   const std::string command = (coretype.empty() ? "" : "OPENBLAS_CORETYPE=" + coretype + " ") +
                               python + " " + script.string() + (bf16 ? " --bf16" : "") +
-                              " --threads " +
-                              std::to_string(threads) + " --batch " + std::to_string(o.batch) +
-                              " --steps " + std::to_string(o.steps) + " --repeats " +
-                              std::to_string(o.repeats) + " 2>/dev/null";
+                              " --threads " + std::to_string(threads) + " --batch " +
+                              std::to_string(o.batch) + " --steps " + std::to_string(o.steps) +
+                              " --repeats " + std::to_string(o.repeats) + " 2>/dev/null";
   std::unique_ptr<FILE, int (*)(FILE*)> pipe(::popen(command.c_str(), "r"), ::pclose);
   if (!pipe) {
     return std::nullopt;
@@ -248,7 +252,7 @@ double step_gemm_seconds(sm::gemm_provider p, std::size_t batch) {
   std::vector<float> y(batch * 1024);
   std::vector<float> dw(1024 * 1024);
   double best = 1e30;
-  for (int round = 0; round < 5; ++round) {
+  for (int round = 0; round < 8; ++round) {
     const auto start = clock_type::now();
     for (const layer_shape& l : layers) {
       sm::gemm_on(p, {.transpose_b = true}, batch, l.out, l.in, 1.0f, x.data(), l.in, w.data(),
@@ -289,9 +293,10 @@ int main(int argc, char** argv) {
   const sd::idx_dataset train = sd::load_fashion_mnist(o.data_dir, sd::fashion_mnist_split::train);
   const sm::gemm_environment env = sm::detect_gemm_environment();
   st::detail::choose_gemm(run_config(o, "unused"));  // the hand loop's provider: the trainer's
-  std::printf("# MLP 784-1024-1024-10 training on Fashion-MNIST, batch %zu, %zu timed steps after "
-              "%zu, median of %zu runs\n",
-              o.batch, o.steps, o.warmup, o.repeats);
+  std::printf(
+      "# MLP 784-1024-1024-10 training on Fashion-MNIST, batch %zu, %zu timed steps after "
+      "%zu, median of %zu runs\n",
+      o.batch, o.steps, o.warmup, o.repeats);
   std::printf("# CPU: %s; %s\n", cpu_model().c_str(), strata::describe(env.cpu).c_str());
   for (const sm::gemm_provider p : sm::available_gemm_providers()) {
     std::printf("# provider %s\n", sm::describe(sm::decide_gemm(p, env), env).c_str());
@@ -326,8 +331,7 @@ int main(int argc, char** argv) {
     if (versus) {
       std::snprintf(versus_text, sizeof versus_text, "%.2fx", *versus);
     }
-    std::printf("%-14s %8d %14s %10s  %s\n", config, threads, rate_text, versus_text,
-                note.c_str());
+    std::printf("%-14s %8d %14s %10s  %s\n", config, threads, rate_text, versus_text, note.c_str());
     rows.push_back(std::move(r));
   };
   for (int t : o.threads) {
@@ -336,8 +340,23 @@ int main(int argc, char** argv) {
     std::vector<double> trainer_rates;
     std::vector<double> loop_rates;
     std::vector<double> bf16_rates;
+    // The fp32 GEMM limit on the fastest provider, measured between the runs too.
+    std::vector<double> limit_rates;
+    std::string limit_provider;
+    const auto measure_limit = [&] {
+      double best = 1e30;
+      for (const sm::gemm_provider p : sm::available_gemm_providers()) {
+        const double seconds = step_gemm_seconds(p, o.batch);
+        if (seconds < best) {
+          best = seconds;
+          limit_provider = sm::to_string(p);
+        }
+      }
+      limit_rates.push_back(static_cast<double>(o.batch) / best);
+    };
     for (std::size_t r = 0; r < o.repeats; ++r) {
       loop_rates.push_back(run_loop(train, o));
+      measure_limit();
       trainer_rates.push_back(run_trainer<>(train, o));
       if (o.bf16) {
         bf16_rates.push_back(run_trainer<strata::precision::bf16>(train, o));
@@ -359,17 +378,7 @@ int main(int argc, char** argv) {
     const auto versus = [](double a, std::optional<double> b) -> std::optional<double> {
       return b ? std::optional<double>(a / *b) : std::nullopt;
     };
-    // The fp32 GEMM limit on the fastest provider, this thread count.
-    double limit_seconds = 1e30;
-    std::string limit_provider;
-    for (const sm::gemm_provider p : sm::available_gemm_providers()) {
-      const double seconds = step_gemm_seconds(p, o.batch);
-      if (seconds < limit_seconds) {
-        limit_seconds = seconds;
-        limit_provider = sm::to_string(p);
-      }
-    }
-    const double limit = static_cast<double>(o.batch) / limit_seconds;
+    const double limit = median(limit_rates);
     char share[64];
     std::snprintf(share, sizeof share, "; %.1f%% of limit_fp32", 100.0 * trainer_rate / limit);
     row("strata_fp32", t, trainer_rate, versus(trainer_rate, torch_rate), provider + share);
@@ -393,8 +402,7 @@ int main(int argc, char** argv) {
     }
     row("limit_fp32", t, limit, std::nullopt, "the step's GEMMs alone on " + limit_provider);
     if (o.bf16) {
-      row("limit_bf16", t, std::nullopt, std::nullopt,
-          "no bfloat16 GEMM provider in strata yet");
+      row("limit_bf16", t, std::nullopt, std::nullopt, "no bfloat16 GEMM provider in strata yet");
     }
   }
   if (!o.json_path.empty()) {

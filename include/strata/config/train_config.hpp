@@ -154,9 +154,9 @@ struct train_config {
 
   // Data.
   std::string data_dir = "/usr/share/datasets/fashion-mnist";
-  std::int64_t loader_workers = 2;  // 0 = augment synchronously in the training thread
-  std::int64_t prefetch_depth = 4;  // ready batches kept ahead of the step
-  std::int64_t blas_threads = 0;    // GEMM threads of the process; 0 = its CPUs / its ranks
+  std::int64_t loader_workers = 2;        // 0 = augment synchronously in the training thread
+  std::int64_t prefetch_depth = 4;        // ready batches kept ahead of the step
+  std::int64_t blas_threads = 0;          // GEMM threads of the process; 0 = its CPUs / its ranks
   gemm_kind gemm = gemm_kind::automatic;  // GEMM provider of the layers' products
   bool augment = true;
   double loader_timeout = 60.0;  // seconds the step waits for one batch before failing

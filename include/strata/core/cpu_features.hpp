@@ -97,8 +97,8 @@ inline cpu_features detect_cpu_features() {
     return cpu;
   }
   const std::uint64_t xcr0 = detail::xgetbv0();
-  const bool ymm_saved = (xcr0 & 0x6U) == 0x6U;       // SSE and AVX state
-  const bool zmm_saved = (xcr0 & 0xE6U) == 0xE6U;     // and opmask, ZMM_Hi256, Hi16_ZMM
+  const bool ymm_saved = (xcr0 & 0x6U) == 0x6U;            // SSE and AVX state
+  const bool zmm_saved = (xcr0 & 0xE6U) == 0xE6U;          // and opmask, ZMM_Hi256, Hi16_ZMM
   const bool tiles_saved = (xcr0 & 0x60000U) == 0x60000U;  // XTILECFG, XTILEDATA
   __cpuid_count(7, 0, a, b, c, d);
   const unsigned leaf7_max = a;

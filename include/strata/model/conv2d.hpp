@@ -25,8 +25,8 @@
 #include <vector>
 
 #include "strata/core/shape.hpp"
-#include "strata/model/gemm.hpp"
 #include "strata/model/concepts.hpp"
+#include "strata/model/gemm.hpp"
 
 namespace strata::model {
 

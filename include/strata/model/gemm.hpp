@@ -91,7 +91,8 @@ constexpr bool gemm_compiled(gemm_provider p) {
 // The providers this build has, in the order "auto" prefers them.
 inline std::vector<gemm_provider> available_gemm_providers() {
   std::vector<gemm_provider> out;
-  for (const gemm_provider p : {gemm_provider::onednn, gemm_provider::openblas, gemm_provider::eigen}) {
+  for (const gemm_provider p :
+       {gemm_provider::onednn, gemm_provider::openblas, gemm_provider::eigen}) {
     if (gemm_compiled(p)) {
       out.push_back(p);
     }
@@ -133,9 +134,9 @@ inline std::optional<isa_level> openblas_core_isa(std::string_view core) {
       return isa_level::avx;
     }
   }
-  for (const char* n : {"prescott", "core2", "penryn", "dunnington", "nehalem", "atom", "katmai",
-                        "coppermine", "northwood", "banias", "opteron", "barcelona", "bobcat",
-                        "nano", "generic", "unknown"}) {
+  for (const char* n :
+       {"prescott", "core2", "penryn", "dunnington", "nehalem", "atom", "katmai", "coppermine",
+        "northwood", "banias", "opteron", "barcelona", "bobcat", "nano", "generic", "unknown"}) {
     if (name == n) {
       return isa_level::baseline;
     }
@@ -165,7 +166,8 @@ struct gemm_decision {
 namespace detail {
 
 inline std::string openblas_fix(const cpu_features& cpu) {
-  return widest_isa(cpu) == isa_level::avx512 ? "OPENBLAS_CORETYPE=SkylakeX" : "OPENBLAS_CORETYPE=Haswell";
+  return widest_isa(cpu) == isa_level::avx512 ? "OPENBLAS_CORETYPE=SkylakeX"
+                                              : "OPENBLAS_CORETYPE=Haswell";
 }
 
 inline bool openblas_fallback(const gemm_environment& env) {
@@ -189,9 +191,9 @@ inline gemm_decision decide_gemm(std::optional<gemm_provider> requested,
     const isa_level level = openblas_core_isa(env.openblas_core).value_or(isa_level::baseline);
     return std::string("OpenBLAS picked its ") + env.openblas_core + " kernels (" +
            to_string(level) + ") on this " + cpu + " CPU, which run at a fraction of its speed" +
-           (used ? ": set " : "; it was not used: to use it, set ") + detail::openblas_fix(env.cpu) +
-           " in the environment" + (used ? ", or gemm = \"auto\"" : "") +
-           " (a newer OpenBLAS knows this CPU)";
+           (used ? ": set " : "; it was not used: to use it, set ") +
+           detail::openblas_fix(env.cpu) + " in the environment" +
+           (used ? ", or gemm = \"auto\"" : "") + " (a newer OpenBLAS knows this CPU)";
   };
   const auto eigen_note = [&] {
     return "Eigen's kernels were compiled for " + std::string(to_string(env.eigen_isa)) +
@@ -419,9 +421,9 @@ inline void eigen_gemm(gemm_transpose t, Eigen::Index m, Eigen::Index n, Eigen::
 // C = alpha * op(A) * op(B) + beta * C on provider p (row-major; C is m x n with leading
 // dimension ldc, op(A) m x k, op(B) k x n). beta = 0 overwrites C without reading it. Sizes must
 // fit an int (the BLAS interfaces take int); larger ones throw std::length_error.
-inline void gemm_on(gemm_provider p, gemm_transpose t, std::size_t m, std::size_t n,
-                    std::size_t k, float alpha, const float* a, std::size_t lda, const float* b,
-                    std::size_t ldb, float beta, float* c, std::size_t ldc) {
+inline void gemm_on(gemm_provider p, gemm_transpose t, std::size_t m, std::size_t n, std::size_t k,
+                    float alpha, const float* a, std::size_t lda, const float* b, std::size_t ldb,
+                    float beta, float* c, std::size_t ldc) {
   if (m == 0 || n == 0) {
     return;
   }
@@ -445,13 +447,12 @@ inline void gemm_on(gemm_provider p, gemm_transpose t, std::size_t m, std::size_
     {
       detail::apply_omp_threads();
       const dnnl_status_t status =
-          dnnl_sgemm(t.transpose_a ? 'T' : 'N', t.transpose_b ? 'T' : 'N', i(m), i(n), i(k),
-                     alpha, a, i(lda), b, i(ldb), beta, c, i(ldc));
+          dnnl_sgemm(t.transpose_a ? 'T' : 'N', t.transpose_b ? 'T' : 'N', i(m), i(n), i(k), alpha,
+                     a, i(lda), b, i(ldb), beta, c, i(ldc));
       if (status != dnnl_success) {
-        throw std::runtime_error("gemm: dnnl_sgemm failed with status " +
-                                 std::to_string(static_cast<int>(status)) + " for " +
-                                 std::to_string(m) + "x" + std::to_string(n) + "x" +
-                                 std::to_string(k));
+        throw std::runtime_error(
+            "gemm: dnnl_sgemm failed with status " + std::to_string(static_cast<int>(status)) +
+            " for " + std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k));
       }
       return;
     }
@@ -461,8 +462,8 @@ inline void gemm_on(gemm_provider p, gemm_transpose t, std::size_t m, std::size_
     case gemm_provider::openblas:
 #if defined(STRATA_BLAS_OPENBLAS)
       cblas_sgemm(CblasRowMajor, t.transpose_a ? CblasTrans : CblasNoTrans,
-                  t.transpose_b ? CblasTrans : CblasNoTrans, i(m), i(n), i(k), alpha, a, i(lda),
-                  b, i(ldb), beta, c, i(ldc));
+                  t.transpose_b ? CblasTrans : CblasNoTrans, i(m), i(n), i(k), alpha, a, i(lda), b,
+                  i(ldb), beta, c, i(ldc));
       return;
 #else
       break;

@@ -9,9 +9,10 @@
 // flat vector, so a flatten in front is optional); the output is 1 x 1 x out. Parameters, in
 // this order: "weight", out x in, row-major (row o holds the weights of output o), then, with
 // .bias, "bias", 1 x out. The products go through model::gemm (gemm.hpp: oneDNN, OpenBLAS
-// or Eigen); the bias is the output's starting value, which the forward product adds to. No saved state: backward reads args.input. Asked for parts
-// (backward_args::progress), backward computes the weight gradient in blocks of rows (at least
-// min_part_rows) and reports each; the bias gradient comes last, final when backward returns.
+// or Eigen); the bias is the output's starting value, which the forward product adds to. No saved
+// state: backward reads args.input. Asked for parts (backward_args::progress), backward computes
+// the weight gradient in blocks of rows (at least min_part_rows) and reports each; the bias
+// gradient comes last, final when backward returns.
 
 #include <Eigen/Core>
 #include <algorithm>
@@ -23,8 +24,8 @@
 #include <vector>
 
 #include "strata/core/shape.hpp"
-#include "strata/model/gemm.hpp"
 #include "strata/model/concepts.hpp"
+#include "strata/model/gemm.hpp"
 
 namespace strata::model {
 
@@ -120,8 +121,8 @@ struct linear {
       for (std::size_t r = 0; r < out; r += part) {
         const std::size_t n = std::min(part, out - r);
         // dW[r:r+n] += dy[:, r:r+n]^T x
-        gemm({.transpose_a = true}, n, in, args.batch, 1.0f, dy + r, out, x, in, 1.0f,
-             dw + r * in, in);
+        gemm({.transpose_a = true}, n, in, args.batch, 1.0f, dy + r, out, x, in, 1.0f, dw + r * in,
+             in);
         args.progress((r + n) * in);
       }
     } else {

@@ -52,10 +52,10 @@ namespace strata::train {
 
 // Keys a continued run may change (see the header comment).
 inline constexpr std::array<std::string_view, 17> continuable_keys{
-    "epochs",         "data_dir",       "loader_workers",   "prefetch_depth",      "blas_threads",  "gemm",
-    "loader_timeout", "checkpoint_dir", "checkpoint_keep",  "checkpoint_interval", "resume",
-    "run_name",       "max_steps",      "max_eval_samples", "metrics_file",        "log_every",
-    "comm_timeout"};
+    "epochs",    "data_dir",       "loader_workers", "prefetch_depth",   "blas_threads",
+    "gemm",      "loader_timeout", "checkpoint_dir", "checkpoint_keep",  "checkpoint_interval",
+    "resume",    "run_name",       "max_steps",      "max_eval_samples", "metrics_file",
+    "log_every", "comm_timeout"};
 
 inline bool is_continuable_key(std::string_view key) noexcept {
   return std::find(continuable_keys.begin(), continuable_keys.end(), key) != continuable_keys.end();

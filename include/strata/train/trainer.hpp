@@ -491,9 +491,9 @@ inline std::vector<std::string> compute_log(const model::gemm_decision& d, std::
   char rate[64];
   std::snprintf(rate, sizeof rate, "%.1f", model::measure_gemm(d.provider, batch, rows, cols));
   lines.push_back("gemm: " + model::describe(d, env) + ", " +
-                  std::to_string(model::blas_threads()) + " thread(s), " + rate +
-                  " GFLOP/s on a " + std::to_string(batch) + "x" + std::to_string(rows) + "x" +
-                  std::to_string(cols) + " product; CPU: " + describe(env.cpu));
+                  std::to_string(model::blas_threads()) + " thread(s), " + rate + " GFLOP/s on a " +
+                  std::to_string(batch) + "x" + std::to_string(rows) + "x" + std::to_string(cols) +
+                  " product; CPU: " + describe(env.cpu));
   for (const std::string& note : d.notes) {
     lines.push_back("gemm: " + note);
   }
@@ -810,8 +810,8 @@ class trainer {
           cols = e.spec.cols;
         }
       }
-      for (const std::string& line : detail::compute_log(gemm_, micro_batch, rows, cols,
-                                                          to_string(compute_dtype))) {
+      for (const std::string& line :
+           detail::compute_log(gemm_, micro_batch, rows, cols, to_string(compute_dtype))) {
         bar.message(line);
       }
     }

@@ -21,9 +21,9 @@
 //   - backward accepts an empty grad_input and then gives the same parameter gradients.
 // Forward runs again before every backward, with the same args, so a backward that consumes its
 // workspace is not penalised. The whole check runs once on every GEMM provider of the build
-// (model/gemm.hpp: oneDNN, OpenBLAS, Eigen), each problem prefixed with the provider's name; probes counts one run's derivatives, mismatches
-// the most of any provider. Layers with kinks (relu at 0, max-pool ties) need inputs away
-// from them: set input_min_magnitude, or pass the input explicitly.
+// (model/gemm.hpp: oneDNN, OpenBLAS, Eigen), each problem prefixed with the provider's name; probes
+// counts one run's derivatives, mismatches the most of any provider. Layers with kinks (relu at 0,
+// max-pool ties) need inputs away from them: set input_min_magnitude, or pass the input explicitly.
 
 #include <algorithm>
 #include <bit>

@@ -3,6 +3,7 @@
 // parameters, one with a parameter, and a type that cannot be changed joining through the traits.
 // Each is gradient-checked alone and inside a sequential with linear layers, and trained.
 #include "strata/model/concepts.hpp"
+#include "strata/model/gemm.hpp"
 
 #include <doctest/doctest.h>
 
@@ -344,6 +345,66 @@ TEST_CASE("a parameter-free layer over the user's kernel: shape, values, gradien
                                     sm::linear{.in = 6, .out = 3});
   CHECK(model.output_shape() == strata::sample_shape{1, 1, 3});
   CHECK(model_gradient_error(model, 21) <= 1.0);
+}
+
+// A user's layer whose products go through strata's GEMM seam (model/gemm.hpp), so that they
+// run on whichever provider the process chose: y = x P for a square P without bias, and a
+// variant whose backward forgets the transpose of dx = dy P^T.
+template <bool Correct>
+struct gemm_projection {
+  using layer_category = strata::model::layer_tag;
+
+  std::size_t features = 0;
+
+  strata::sample_shape output_shape(const strata::sample_shape& in) const {
+    if (features == 0 || in.elements() != features) {
+      throw std::invalid_argument("gemm_projection: features must equal the input's elements");
+    }
+    return {.channels = 1, .height = 1, .width = features};
+  }
+
+  std::vector<strata::model::param_spec> parameters(const strata::sample_shape&) const {
+    return {{.name = "p",
+             .rows = features,
+             .cols = features,
+             .init = strata::model::init_kind::kaiming_uniform,
+             .fan_in = features,
+             .fan_out = features,
+             .weight_decay = true}};
+  }
+
+  void forward(const strata::model::forward_args& args) const {
+    const std::size_t f = features;
+    strata::model::gemm({}, args.batch, f, f, 1.0f, args.input.data(), f, args.params.data(), f,
+                        0.0f, args.output.data(), f);
+  }
+
+  void backward(const strata::model::backward_args& args) const {
+    const std::size_t f = features;
+    // dP += x^T dy
+    strata::model::gemm({.transpose_a = true}, f, f, args.batch, 1.0f, args.input.data(), f,
+                        args.grad_output.data(), f, 1.0f, args.grads.data(), f);
+    if (!args.grad_input.empty()) {
+      strata::model::gemm({.transpose_b = Correct}, args.batch, f, f, 1.0f, args.grad_output.data(),
+                          f, args.params.data(), f, 0.0f, args.grad_input.data(), f);
+    }
+  }
+
+  friend bool operator==(const gemm_projection&, const gemm_projection&) = default;
+};
+
+TEST_CASE("a user's layer on strata's GEMM seam passes the gradient check on every provider") {
+  const auto good =
+      check_gradients(gemm_projection<true>{.features = 5}, {.batch = 3, .in_shape = {1, 1, 5}});
+  CHECK_MESSAGE(good.passed(), good.report());
+  CHECK(good.probes == 3 * 5 + 5 * 5);
+  // The wrong backward fails on every provider, each named in the report.
+  const auto bad = check_gradients(gemm_projection<false>{.features = 5},
+                                   {.batch = 3, .in_shape = {1, 1, 5}, .max_probes = 2});
+  CHECK_FALSE(bad.passed());
+  for (const strata::model::gemm_provider p : strata::model::available_gemm_providers()) {
+    CHECK(bad.report().find(std::string("[") + to_string(p) + "] grad_input") != std::string::npos);
+  }
 }
 
 TEST_CASE("a layer with a parameter: spec, initialisation, gradients added") {

@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "strata/model/activations.hpp"
 #include "strata/model/blas.hpp"
-#include "strata/model/gemm.hpp"
 #include "strata/model/dropout.hpp"
 #include "strata/model/flatten.hpp"
+#include "strata/model/gemm.hpp"
 #include "strata/model/linear.hpp"
 #include "strata/model/softmax_cross_entropy.hpp"
 
@@ -11,16 +11,16 @@
 
 #include <chrono>
 #include <cmath>
-#include <initializer_list>
-#include <optional>
-#include <string_view>
-#include <utility>
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <limits>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "strata/core/rng.hpp"
@@ -783,47 +783,57 @@ TEST_CASE("gemm: auto takes oneDNN, then an OpenBLAS whose kernels fit the CPU, 
   const strata::cpu_features old{};
   SUBCASE("oneDNN when the build has it, whatever OpenBLAS picked") {
     for (const char* core : {"SkylakeX", "Prescott", ""}) {
-      const auto d = sm::decide_gemm(std::nullopt, fake_machine(avx512, true, core, isa_level::avx512));
+      const auto d =
+          sm::decide_gemm(std::nullopt, fake_machine(avx512, true, core, isa_level::avx512));
       CHECK(d.provider == sm::gemm_provider::onednn);
       CHECK(d.kernel == "avx512_core");
       CHECK(d.notes.empty());
     }
   }
   SUBCASE("OpenBLAS with kernels for the CPU's widest ISA") {
-    const auto a = sm::decide_gemm(std::nullopt, fake_machine(avx512, false, "SkylakeX", isa_level::avx512));
+    const auto a =
+        sm::decide_gemm(std::nullopt, fake_machine(avx512, false, "SkylakeX", isa_level::avx512));
     CHECK(a.provider == sm::gemm_provider::openblas);
     CHECK(a.kernel == "SkylakeX");
     CHECK(a.notes.empty());
-    const auto b = sm::decide_gemm(std::nullopt, fake_machine(avx2, false, "Haswell", isa_level::avx2));
+    const auto b =
+        sm::decide_gemm(std::nullopt, fake_machine(avx2, false, "Haswell", isa_level::avx2));
     CHECK(b.provider == sm::gemm_provider::openblas);
     // A core name OpenBLAS has and this table does not (another architecture): used.
-    const auto c = sm::decide_gemm(std::nullopt, fake_machine(avx512, false, "NeoverseN1", isa_level::avx512));
+    const auto c =
+        sm::decide_gemm(std::nullopt, fake_machine(avx512, false, "NeoverseN1", isa_level::avx512));
     CHECK(c.provider == sm::gemm_provider::openblas);
     // Generic kernels on a CPU without AVX2 are that CPU's kernels.
-    const auto e = sm::decide_gemm(std::nullopt, fake_machine(old, false, "Prescott", isa_level::baseline));
+    const auto e =
+        sm::decide_gemm(std::nullopt, fake_machine(old, false, "Prescott", isa_level::baseline));
     CHECK(e.provider == sm::gemm_provider::openblas);
     CHECK(e.notes.empty());
   }
   SUBCASE("an OpenBLAS fallback is skipped, and the note says how to fix it") {
-    const auto d = sm::decide_gemm(std::nullopt, fake_machine(avx512, false, "Prescott", isa_level::avx512));
+    const auto d =
+        sm::decide_gemm(std::nullopt, fake_machine(avx512, false, "Prescott", isa_level::avx512));
     CHECK(d.provider == sm::gemm_provider::eigen);
     CHECK(d.kernel == "Eigen AVX-512");
     REQUIRE(d.notes.size() == 1);
     CHECK(has_note(d, {"Prescott", "SSE", "AVX-512", "not used", "OPENBLAS_CORETYPE=SkylakeX"}));
     // On an AVX2 CPU the fix names the AVX2 kernels; Haswell kernels on AVX-512 are a fallback.
-    const auto h = sm::decide_gemm(std::nullopt, fake_machine(avx2, false, "Nehalem", isa_level::avx2));
+    const auto h =
+        sm::decide_gemm(std::nullopt, fake_machine(avx2, false, "Nehalem", isa_level::avx2));
     CHECK(h.provider == sm::gemm_provider::eigen);
     CHECK(has_note(h, {"Nehalem", "OPENBLAS_CORETYPE=Haswell"}));
-    const auto w = sm::decide_gemm(std::nullopt, fake_machine(avx512, false, "Haswell", isa_level::avx512));
+    const auto w =
+        sm::decide_gemm(std::nullopt, fake_machine(avx512, false, "Haswell", isa_level::avx512));
     CHECK(w.provider == sm::gemm_provider::eigen);
     CHECK(has_note(w, {"Haswell", "AVX2"}));
   }
   SUBCASE("Eigen compiled below the CPU is said, with the fix") {
-    const auto d = sm::decide_gemm(std::nullopt, fake_machine(avx512, false, "", isa_level::baseline));
+    const auto d =
+        sm::decide_gemm(std::nullopt, fake_machine(avx512, false, "", isa_level::baseline));
     CHECK(d.provider == sm::gemm_provider::eigen);
     CHECK(d.kernel == "Eigen SSE");
     CHECK(has_note(d, {"compiled for SSE", "-march=native", "libdnnl-dev"}));
-    const auto both = sm::decide_gemm(std::nullopt, fake_machine(avx2, false, "Prescott", isa_level::baseline));
+    const auto both =
+        sm::decide_gemm(std::nullopt, fake_machine(avx2, false, "Prescott", isa_level::baseline));
     CHECK(both.notes.size() == 2);
   }
   SUBCASE("a provider asked for by name is used, a fallback with its fix") {
@@ -888,7 +898,8 @@ TEST_CASE("gemm: every provider, every transpose, alpha, beta and leading dimens
                 sum += av * bv;
               }
               const double expected =
-                  alpha * sum + (beta == 0.0f ? 0.0 : beta * static_cast<double>(c_start[i * ldc + j]));
+                  alpha * sum +
+                  (beta == 0.0f ? 0.0 : beta * static_cast<double>(c_start[i * ldc + j]));
               worst = std::max(worst, std::abs(expected - c[i * ldc + j]));
             }
             // The padding between rows is left alone.
