@@ -385,34 +385,34 @@ using gemm_row_major = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eige
 using gemm_const_map = Eigen::Map<const gemm_row_major, 0, Eigen::OuterStride<>>;
 using gemm_map = Eigen::Map<gemm_row_major, 0, Eigen::OuterStride<>>;
 
-template <class A, class B>
-void eigen_product(const A& a, const B& b, float alpha, float beta, gemm_map& c) {
-  if (beta == 0.0f) {
-    c.noalias() = alpha * a * b;
-  } else {
-    if (beta != 1.0f) {
-      c *= beta;
-    }
-    c.noalias() += alpha * a * b;
-  }
-}
-
+// Eigen's kernels in one form only, A (m x k) times B (k x n), both row-major: a transposed
+// operand is first copied into that form (O(mk) or O(kn) against the product's O(mnk)), so that
+// every translation unit instantiates Eigen's GEMM once rather than once per transpose pair.
 inline void eigen_gemm(gemm_transpose t, Eigen::Index m, Eigen::Index n, Eigen::Index k,
                        float alpha, const float* a, Eigen::Index lda, const float* b,
                        Eigen::Index ldb, float beta, float* c, Eigen::Index ldc) {
+  thread_local gemm_row_major a_copy;
+  thread_local gemm_row_major b_copy;
+  if (t.transpose_a) {
+    a_copy = gemm_const_map(a, k, m, Eigen::OuterStride<>(lda)).transpose();
+    a = a_copy.data();
+    lda = k;
+  }
+  if (t.transpose_b) {
+    b_copy = gemm_const_map(b, n, k, Eigen::OuterStride<>(ldb)).transpose();
+    b = b_copy.data();
+    ldb = n;
+  }
+  const gemm_const_map am(a, m, k, Eigen::OuterStride<>(lda));
+  const gemm_const_map bm(b, k, n, Eigen::OuterStride<>(ldb));
   gemm_map cm(c, m, n, Eigen::OuterStride<>(ldc));
-  const gemm_const_map am(a, t.transpose_a ? k : m, t.transpose_a ? m : k,
-                          Eigen::OuterStride<>(lda));
-  const gemm_const_map bm(b, t.transpose_b ? n : k, t.transpose_b ? k : n,
-                          Eigen::OuterStride<>(ldb));
-  if (t.transpose_a && t.transpose_b) {
-    eigen_product(am.transpose(), bm.transpose(), alpha, beta, cm);
-  } else if (t.transpose_a) {
-    eigen_product(am.transpose(), bm, alpha, beta, cm);
-  } else if (t.transpose_b) {
-    eigen_product(am, bm.transpose(), alpha, beta, cm);
+  if (beta == 0.0f) {
+    cm.noalias() = alpha * am * bm;
   } else {
-    eigen_product(am, bm, alpha, beta, cm);
+    if (beta != 1.0f) {
+      cm *= beta;
+    }
+    cm.noalias() += alpha * am * bm;
   }
 }
 
