@@ -89,6 +89,7 @@
 #include "strata/precision/loss_scaler.hpp"
 #include "strata/precision/mixed.hpp"
 #include "strata/train/checkpoint.hpp"
+#include "strata/train/compute.hpp"
 #include "strata/train/estimate_memory.hpp"
 #include "strata/train/metrics.hpp"
 #include "strata/train/progress.hpp"
@@ -454,61 +455,6 @@ inline void refuse_unsupported(const trainer_kind& k, const config::train_config
                                  : "the trainer's batch policy is " + std::string(k.batch) +
                                        "; adaptive_batch = true needs strata::batch::adaptive");
   }
-}
-
-// The GEMM provider for cfg.gemm (model/gemm.hpp), made the process's current one; a
-// config_error naming the key when this build lacks the provider asked for.
-inline model::gemm_decision choose_gemm(const config::train_config& cfg) {
-  std::optional<model::gemm_provider> wanted;
-  switch (cfg.gemm) {
-    case config::gemm_kind::automatic:
-      break;
-    case config::gemm_kind::onednn:
-      wanted = model::gemm_provider::onednn;
-      break;
-    case config::gemm_kind::openblas:
-      wanted = model::gemm_provider::openblas;
-      break;
-    case config::gemm_kind::eigen:
-      wanted = model::gemm_provider::eigen;
-      break;
-  }
-  try {
-    return model::select_gemm(wanted);
-  } catch (const std::invalid_argument& e) {
-    throw config_error({.key = "gemm", .file = {}, .line = 0, .column = 0}, e.what());
-  }
-}
-
-// The log's first lines on compute: the GEMM provider, its kernels, its threads and its GFLOP/s
-// on one product the size of the step's largest (batch x the largest weight tensor), then what
-// the choice skipped and how to fix it; and with 16-bit storage, how its products run.
-inline std::vector<std::string> compute_log(const model::gemm_decision& d, std::size_t batch,
-                                            std::size_t rows, std::size_t cols,
-                                            std::string_view storage) {
-  const model::gemm_environment env = model::detect_gemm_environment();
-  std::vector<std::string> lines;
-  char rate[64];
-  std::snprintf(rate, sizeof rate, "%.1f", model::measure_gemm(d.provider, batch, rows, cols));
-  lines.push_back("gemm: " + model::describe(d, env) + ", " +
-                  std::to_string(model::blas_threads()) + " thread(s), " + rate + " GFLOP/s on a " +
-                  std::to_string(batch) + "x" + std::to_string(rows) + "x" + std::to_string(cols) +
-                  " product; CPU: " + describe(env.cpu));
-  for (const std::string& note : d.notes) {
-    lines.push_back("gemm: " + note);
-  }
-  const bool bf16 = storage == "bfloat16";
-  if (bf16 || storage == "float16") {
-    const bool units = bf16 ? (env.cpu.avx512_bf16 || env.cpu.amx_bf16)
-                            : (env.cpu.avx512_fp16 || env.cpu.amx_fp16);
-    lines.push_back(std::string("precision: ") + std::string(storage) +
-                    " is emulated: the products run in float32 on values rounded to " +
-                    std::string(storage) + ", slower than float32 (this CPU " +
-                    (units ? "has " : "has no ") +
-                    (bf16 ? "AVX512-BF16 or AMX-BF16" : "AVX512-FP16 or AMX-FP16") +
-                    (units ? ", which strata does not use yet)" : ")"));
-  }
-  return lines;
 }
 
 template <class P>
