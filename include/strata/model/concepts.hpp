@@ -150,6 +150,9 @@ struct forward_args {
   bool training = true;             // false: evaluation (dropout off, ...)
   layer_rng_key rng{};
   std::span<const std::uint64_t> sample_ids{};  // per sample; empty: the position in the batch
+  // run_options::storage: the type the model's activations and (mixed precision) parameters are
+  // rounded through. A layer may hand it to its products (model::gemm's bfloat16_inputs).
+  dtype storage = dtype::float32;
 
   // The stream of sample b of this batch.
   rng_stream rng_for(std::size_t b) const noexcept {
@@ -214,9 +217,10 @@ struct backward_args {
   std::span<const float> grad_output{};  // batch x out_shape.elements()
   std::span<float> grad_input{};         // batch x in_shape.elements(); empty: not wanted
   std::span<const float> params{};
-  std::span<float> grads{};      // same layout as params; ADD into it
-  std::span<float> workspace{};  // as forward left it
-  grads_progress progress{};     // optional reports of final leading parts of grads
+  std::span<float> grads{};        // same layout as params; ADD into it
+  std::span<float> workspace{};    // as forward left it
+  grads_progress progress{};       // optional reports of final leading parts of grads
+  dtype storage = dtype::float32;  // as forward_args::storage
 };
 
 // The primary traits forward to the members; the optional ones fall back to the defaults.

@@ -227,6 +227,7 @@ struct conv2d {
     const Eigen::Map<const Eigen::VectorXf> bias_vector(
         args.params.data() + out_channels * g.column_rows(), bias ? outs : 0);
 
+    const bool bf16 = args.storage == dtype::bfloat16;
     const bool direct = is_pointwise();
     std::vector<float> scratch(direct ? 0 : g.column_rows() * g.column_cols());
     for (std::size_t b = 0; b < args.batch; ++b) {
@@ -239,9 +240,9 @@ struct conv2d {
       if (bias) {
         detail::conv2d_matrix(y, outs, cols).colwise() = bias_vector;
       }
-      gemm({}, out_channels, g.column_cols(), g.column_rows(), 1.0f, args.params.data(),
-           g.column_rows(), direct ? x : scratch.data(), g.column_cols(), bias ? 1.0f : 0.0f, y,
-           g.column_cols());
+      gemm({.bfloat16_inputs = bf16}, out_channels, g.column_cols(), g.column_rows(), 1.0f,
+           args.params.data(), g.column_rows(), direct ? x : scratch.data(), g.column_cols(),
+           bias ? 1.0f : 0.0f, y, g.column_cols());
     }
   }
 
@@ -263,6 +264,7 @@ struct conv2d {
     Eigen::Map<Eigen::VectorXf> grad_bias(args.grads.data() + out_channels * g.column_rows(),
                                           bias ? outs : 0);
 
+    const bool bf16 = args.storage == dtype::bfloat16;
     const bool direct = is_pointwise();
     std::vector<float> columns_scratch(direct ? 0 : g.column_rows() * g.column_cols());
     std::vector<float> grad_columns_scratch(direct || !want_input ? 0 : columns_scratch.size());
@@ -274,8 +276,9 @@ struct conv2d {
       const float* columns = direct ? x : columns_scratch.data();
       const float* dy_data = args.grad_output.data() + b * out_elements;
       // dW += dy columns^T
-      gemm({.transpose_b = true}, out_channels, g.column_rows(), g.column_cols(), 1.0f, dy_data,
-           g.column_cols(), columns, g.column_cols(), 1.0f, args.grads.data(), g.column_rows());
+      gemm({.transpose_b = true, .bfloat16_inputs = bf16}, out_channels, g.column_rows(),
+           g.column_cols(), 1.0f, dy_data, g.column_cols(), columns, g.column_cols(), 1.0f,
+           args.grads.data(), g.column_rows());
       if (bias) {
         grad_bias += detail::conv2d_const_matrix(dy_data, outs, cols).rowwise().sum();
       }
@@ -284,8 +287,8 @@ struct conv2d {
       }
       float* dx = args.grad_input.data() + b * in_elements;
       // d columns = W^T dy, straight into dx for a pointwise convolution
-      gemm({.transpose_a = true}, g.column_rows(), g.column_cols(), out_channels, 1.0f,
-           args.params.data(), g.column_rows(), dy_data, g.column_cols(), 0.0f,
+      gemm({.transpose_a = true, .bfloat16_inputs = bf16}, g.column_rows(), g.column_cols(),
+           out_channels, 1.0f, args.params.data(), g.column_rows(), dy_data, g.column_cols(), 0.0f,
            direct ? dx : grad_columns_scratch.data(), g.column_cols());
       if (direct) {
         continue;

@@ -31,14 +31,18 @@
 
 #include <Eigen/Core>
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cctype>
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
+#include <cstring>
 #include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "strata/core/cpu_features.hpp"
@@ -374,10 +378,51 @@ class gemm_scope {
   int before_;
 };
 
-struct gemm_transpose {
+struct gemm_options {
   bool transpose_a = false;  // A is stored k x m (lda >= m) and used transposed
   bool transpose_b = false;  // B is stored n x k (ldb >= k) and used transposed
+  // A and B hold bfloat16 data in float (precision::mixed<bfloat16>'s activations and compute
+  // copy): where bfloat16 products are on (bf16_products), oneDNN multiplies them as bfloat16
+  // with float32 accumulation, rounding any value bfloat16 cannot hold to nearest even (the
+  // model's input). Elsewhere the float32 product of the same values.
+  bool bfloat16_inputs = false;
 };
+
+// Whether products of bfloat16 inputs run in bfloat16 (oneDNN matmul): automatic = when the
+// provider is oneDNN and the CPU has bfloat16 units (AVX512-BF16 or AMX-BF16); on = with
+// oneDNN on any CPU (oneDNN emulates the units it lacks, slowly: for tests); off = never.
+enum class bf16_products_mode { automatic, on, off };
+
+namespace detail {
+inline std::atomic<int>& bf16_products_setting() {
+  static std::atomic<int> mode{static_cast<int>(bf16_products_mode::automatic)};
+  return mode;
+}
+}  // namespace detail
+
+inline void set_bf16_products(bf16_products_mode mode) {
+  detail::bf16_products_setting().store(static_cast<int>(mode));
+}
+
+// Whether provider p multiplies bfloat16 inputs in bfloat16 under the current mode.
+inline bool bf16_products(gemm_provider p) {
+  if (p != gemm_provider::onednn || !gemm_compiled(p)) {
+    return false;
+  }
+  switch (static_cast<bf16_products_mode>(detail::bf16_products_setting().load())) {
+    case bf16_products_mode::on:
+      return true;
+    case bf16_products_mode::off:
+      return false;
+    case bf16_products_mode::automatic:
+      break;
+  }
+  static const bool units = [] {
+    const cpu_features cpu = detect_cpu_features();
+    return cpu.avx512_bf16 || cpu.amx_bf16;
+  }();
+  return units;
+}
 
 namespace detail {
 
@@ -388,9 +433,9 @@ using gemm_map = Eigen::Map<gemm_row_major, 0, Eigen::OuterStride<>>;
 // Eigen's kernels in one form only, A (m x k) times B (k x n), both row-major: a transposed
 // operand is first copied into that form (O(mk) or O(kn) against the product's O(mnk)), so that
 // every translation unit instantiates Eigen's GEMM once rather than once per transpose pair.
-inline void eigen_gemm(gemm_transpose t, Eigen::Index m, Eigen::Index n, Eigen::Index k,
-                       float alpha, const float* a, Eigen::Index lda, const float* b,
-                       Eigen::Index ldb, float beta, float* c, Eigen::Index ldc) {
+inline void eigen_gemm(gemm_options t, Eigen::Index m, Eigen::Index n, Eigen::Index k, float alpha,
+                       const float* a, Eigen::Index lda, const float* b, Eigen::Index ldb,
+                       float beta, float* c, Eigen::Index ldc) {
   thread_local gemm_row_major a_copy;
   thread_local gemm_row_major b_copy;
   if (t.transpose_a) {
@@ -418,10 +463,174 @@ inline void eigen_gemm(gemm_transpose t, Eigen::Index m, Eigen::Index n, Eigen::
 
 }  // namespace detail
 
+#if defined(STRATA_HAVE_ONEDNN)
+namespace detail {
+
+// bfloat16 products on oneDNN: a matmul primitive per shape (m, n, k, transposes, ldc, alpha,
+// beta), created on first use and kept for the thread (a primitive runs on one stream; streams
+// are not shared between threads). The operands are rounded to bfloat16 into the thread's
+// buffers, densely, in the layout they are stored in; the strides tell oneDNN which is
+// transposed. alpha is the primitive's output scale, beta a sum post-op.
+struct onednn_bf16_context {
+  struct entry {
+    dnnl_primitive_desc_t desc = nullptr;
+    dnnl_primitive_t primitive = nullptr;
+  };
+  dnnl_engine_t engine = nullptr;
+  dnnl_stream_t stream = nullptr;
+  std::vector<std::pair<std::array<std::int64_t, 8>, entry>> cache;
+  std::vector<std::uint16_t> a;
+  std::vector<std::uint16_t> b;
+
+  onednn_bf16_context() {
+    check(dnnl_engine_create(&engine, dnnl_cpu, 0), "engine");
+    check(dnnl_stream_create(&stream, engine, dnnl_stream_default_flags), "stream");
+  }
+  ~onednn_bf16_context() {
+    for (auto& [key, e] : cache) {
+      dnnl_primitive_destroy(e.primitive);
+      dnnl_primitive_desc_destroy(e.desc);
+    }
+    dnnl_stream_destroy(stream);
+    dnnl_engine_destroy(engine);
+  }
+  onednn_bf16_context(const onednn_bf16_context&) = delete;
+  onednn_bf16_context& operator=(const onednn_bf16_context&) = delete;
+
+  static void check(dnnl_status_t status, const char* what) {
+    if (status != dnnl_success) {
+      throw std::runtime_error(std::string("gemm: oneDNN bfloat16 matmul: ") + what +
+                               " failed with status " + std::to_string(static_cast<int>(status)));
+    }
+  }
+};
+
+// float -> bfloat16, round to nearest even (NaN kept a NaN).
+inline std::uint16_t to_bf16_bits(float f) {
+  std::uint32_t u = 0;
+  std::memcpy(&u, &f, sizeof u);
+  if ((u & 0x7fffffffU) > 0x7f800000U) {
+    return static_cast<std::uint16_t>((u >> 16) | 0x40U);
+  }
+  u += 0x7fffU + ((u >> 16) & 1U);
+  return static_cast<std::uint16_t>(u >> 16);
+}
+
+// Rows x cols of a row-major matrix with leading dimension ld, into dense bfloat16.
+inline void round_to_bf16(const float* x, std::int64_t rows, std::int64_t cols, std::int64_t ld,
+                          std::vector<std::uint16_t>& out) {
+  out.resize(static_cast<std::size_t>(rows * cols));
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const float* row = x + r * ld;
+    std::uint16_t* dst = out.data() + r * cols;
+    for (std::int64_t c = 0; c < cols; ++c) {
+      dst[c] = to_bf16_bits(row[c]);
+    }
+  }
+}
+
+inline void onednn_bf16_gemm(gemm_options t, std::int64_t m, std::int64_t n, std::int64_t k,
+                             float alpha, const float* a, std::int64_t lda, const float* b,
+                             std::int64_t ldb, float beta, float* c, std::int64_t ldc) {
+  thread_local onednn_bf16_context ctx;
+  apply_omp_threads();
+  const std::int64_t a_cols = t.transpose_a ? m : k;
+  const std::int64_t b_cols = t.transpose_b ? k : n;
+  round_to_bf16(a, t.transpose_a ? k : m, a_cols, lda, ctx.a);
+  round_to_bf16(b, t.transpose_b ? n : k, b_cols, ldb, ctx.b);
+  std::int32_t alpha_bits = 0;
+  std::int32_t beta_bits = 0;
+  std::memcpy(&alpha_bits, &alpha, sizeof alpha);
+  std::memcpy(&beta_bits, &beta, sizeof beta);
+  const std::array<std::int64_t, 8> key{
+      m, n, k, (t.transpose_a ? 1 : 0) + (t.transpose_b ? 2 : 0), ldc, alpha_bits, beta_bits, 0};
+  dnnl_memory_desc_t a_md;
+  dnnl_memory_desc_t b_md;
+  dnnl_memory_desc_t c_md;
+  const dnnl_dims_t a_dims{m, k};
+  const dnnl_dims_t a_strides{t.transpose_a ? 1 : a_cols, t.transpose_a ? a_cols : 1};
+  const dnnl_dims_t b_dims{k, n};
+  const dnnl_dims_t b_strides{t.transpose_b ? 1 : b_cols, t.transpose_b ? b_cols : 1};
+  const dnnl_dims_t c_dims{m, n};
+  const dnnl_dims_t c_strides{ldc, 1};
+  using ctx_t = onednn_bf16_context;
+  ctx_t::check(dnnl_memory_desc_init_by_strides(&a_md, 2, a_dims, dnnl_bf16, a_strides), "A");
+  ctx_t::check(dnnl_memory_desc_init_by_strides(&b_md, 2, b_dims, dnnl_bf16, b_strides), "B");
+  ctx_t::check(dnnl_memory_desc_init_by_strides(&c_md, 2, c_dims, dnnl_f32, c_strides), "C");
+  ctx_t::entry* found = nullptr;
+  for (auto& [cached, e] : ctx.cache) {
+    if (cached == key) {
+      found = &e;
+      break;
+    }
+  }
+  if (found == nullptr) {
+    dnnl_matmul_desc_t desc;
+    ctx_t::check(dnnl_matmul_desc_init(&desc, &a_md, &b_md, nullptr, &c_md), "description");
+    dnnl_primitive_attr_t attr = nullptr;
+    ctx_t::check(dnnl_primitive_attr_create(&attr), "attributes");
+    dnnl_post_ops_t post_ops = nullptr;
+    dnnl_status_t status = dnnl_primitive_attr_set_output_scales(attr, 1, 0, &alpha);
+    if (status == dnnl_success && beta != 0.0f) {
+      status = dnnl_post_ops_create(&post_ops);
+      if (status == dnnl_success) {
+        status = dnnl_post_ops_append_sum(post_ops, beta);
+      }
+      if (status == dnnl_success) {
+        status = dnnl_primitive_attr_set_post_ops(attr, post_ops);
+      }
+    }
+    ctx_t::entry e{};
+    if (status == dnnl_success) {
+      status = dnnl_primitive_desc_create(&e.desc, &desc, attr, ctx.engine, nullptr);
+    }
+    if (post_ops != nullptr) {
+      dnnl_post_ops_destroy(post_ops);
+    }
+    dnnl_primitive_attr_destroy(attr);
+    ctx_t::check(status, "primitive description");
+    status = dnnl_primitive_create(&e.primitive, e.desc);
+    if (status != dnnl_success) {
+      dnnl_primitive_desc_destroy(e.desc);
+      ctx_t::check(status, "primitive");
+    }
+    ctx.cache.emplace_back(key, e);
+    found = &ctx.cache.back().second;
+  }
+  dnnl_memory_t memories[3] = {nullptr, nullptr, nullptr};
+  const auto release = [&] {
+    for (dnnl_memory_t mem : memories) {
+      if (mem != nullptr) {
+        dnnl_memory_destroy(mem);
+      }
+    }
+  };
+  dnnl_status_t status = dnnl_memory_create(&memories[0], &a_md, ctx.engine, ctx.a.data());
+  if (status == dnnl_success) {
+    status = dnnl_memory_create(&memories[1], &b_md, ctx.engine, ctx.b.data());
+  }
+  if (status == dnnl_success) {
+    status = dnnl_memory_create(&memories[2], &c_md, ctx.engine, c);
+  }
+  if (status == dnnl_success) {
+    const dnnl_exec_arg_t args[3] = {
+        {DNNL_ARG_SRC, memories[0]}, {DNNL_ARG_WEIGHTS, memories[1]}, {DNNL_ARG_DST, memories[2]}};
+    status = dnnl_primitive_execute(found->primitive, ctx.stream, 3, args);
+  }
+  if (status == dnnl_success) {
+    status = dnnl_stream_wait(ctx.stream);
+  }
+  release();
+  ctx_t::check(status, "execute");
+}
+
+}  // namespace detail
+#endif
+
 // C = alpha * op(A) * op(B) + beta * C on provider p (row-major; C is m x n with leading
 // dimension ldc, op(A) m x k, op(B) k x n). beta = 0 overwrites C without reading it. Sizes must
 // fit an int (the BLAS interfaces take int); larger ones throw std::length_error.
-inline void gemm_on(gemm_provider p, gemm_transpose t, std::size_t m, std::size_t n, std::size_t k,
+inline void gemm_on(gemm_provider p, gemm_options t, std::size_t m, std::size_t n, std::size_t k,
                     float alpha, const float* a, std::size_t lda, const float* b, std::size_t ldb,
                     float beta, float* c, std::size_t ldc) {
   if (m == 0 || n == 0) {
@@ -445,6 +654,10 @@ inline void gemm_on(gemm_provider p, gemm_transpose t, std::size_t m, std::size_
     case gemm_provider::onednn:
 #if defined(STRATA_HAVE_ONEDNN)
     {
+      if (t.bfloat16_inputs && bf16_products(p)) {
+        detail::onednn_bf16_gemm(t, i(m), i(n), i(k), alpha, a, i(lda), b, i(ldb), beta, c, i(ldc));
+        return;
+      }
       detail::apply_omp_threads();
       const dnnl_status_t status =
           dnnl_sgemm(t.transpose_a ? 'T' : 'N', t.transpose_b ? 'T' : 'N', i(m), i(n), i(k), alpha,
@@ -476,7 +689,7 @@ inline void gemm_on(gemm_provider p, gemm_transpose t, std::size_t m, std::size_
 }
 
 // The same on the process's current provider.
-inline void gemm(gemm_transpose t, std::size_t m, std::size_t n, std::size_t k, float alpha,
+inline void gemm(gemm_options t, std::size_t m, std::size_t n, std::size_t k, float alpha,
                  const float* a, std::size_t lda, const float* b, std::size_t ldb, float beta,
                  float* c, std::size_t ldc) {
   gemm_on(current_gemm(), t, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);

@@ -88,14 +88,15 @@ struct linear {
       return;
     }
     // y = x W^T (+ b: the rows start as the bias and the product adds into them).
+    const bool bf16 = args.storage == dtype::bfloat16;
     float beta = 0.0f;
     if (bias) {
       matrix y(args.output.data(), rows(args.batch), cols(out));
       y.rowwise() = const_row(args.params.data() + out * in, cols(out));
       beta = 1.0f;
     }
-    gemm({.transpose_b = true}, args.batch, out, in, 1.0f, args.input.data(), in,
-         args.params.data(), in, beta, args.output.data(), out);
+    gemm({.transpose_b = true, .bfloat16_inputs = bf16}, args.batch, out, in, 1.0f,
+         args.input.data(), in, args.params.data(), in, beta, args.output.data(), out);
   }
 
   void backward(const backward_args& args) const {
@@ -109,6 +110,7 @@ struct linear {
     if (args.batch == 0) {
       return;
     }
+    const bool bf16 = args.storage == dtype::bfloat16;
     const float* x = args.input.data();
     const float* dy = args.grad_output.data();
     float* dw = args.grads.data();
@@ -121,12 +123,13 @@ struct linear {
       for (std::size_t r = 0; r < out; r += part) {
         const std::size_t n = std::min(part, out - r);
         // dW[r:r+n] += dy[:, r:r+n]^T x
-        gemm({.transpose_a = true}, n, in, args.batch, 1.0f, dy + r, out, x, in, 1.0f, dw + r * in,
-             in);
+        gemm({.transpose_a = true, .bfloat16_inputs = bf16}, n, in, args.batch, 1.0f, dy + r, out,
+             x, in, 1.0f, dw + r * in, in);
         args.progress((r + n) * in);
       }
     } else {
-      gemm({.transpose_a = true}, out, in, args.batch, 1.0f, dy, out, x, in, 1.0f, dw, in);
+      gemm({.transpose_a = true, .bfloat16_inputs = bf16}, out, in, args.batch, 1.0f, dy, out, x,
+           in, 1.0f, dw, in);
     }
     if (bias) {
       const const_matrix dy_rows(dy, rows(args.batch), cols(out));
@@ -135,8 +138,8 @@ struct linear {
     }
     if (!args.grad_input.empty()) {
       // dx = dy W
-      gemm({}, args.batch, in, out, 1.0f, dy, out, args.params.data(), in, 0.0f,
-           args.grad_input.data(), in);
+      gemm({.bfloat16_inputs = bf16}, args.batch, in, out, 1.0f, dy, out, args.params.data(), in,
+           0.0f, args.grad_input.data(), in);
     }
   }
 

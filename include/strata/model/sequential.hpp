@@ -272,6 +272,7 @@ class sequential {
       a.params = params.group_values(I);
       a.grads = params.group_grads(I);
       a.workspace = saved_of(w, I, l, batch);
+      a.storage = w.options_.storage;
       // What the layer reports goes to part_done with the layer's index.
       struct part_target {
         std::remove_reference_t<PartDone>* part_done;
@@ -355,6 +356,7 @@ class sequential {
       a.training = options.training;
       a.rng = {.seed = options.seed, .step = options.step, .layer = static_cast<std::uint32_t>(I)};
       a.sample_ids = options.sample_ids;
+      a.storage = options.storage;
       layer_traits<layer_t<I>>::forward(l, a);
       round_through(a.output, options.storage);
     });

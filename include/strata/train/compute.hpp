@@ -64,7 +64,10 @@ inline std::vector<std::string> compute_log(const model::gemm_decision& d, std::
     lines.push_back("gemm: " + note);
   }
   const bool bf16 = storage == "bfloat16";
-  if (bf16 || storage == "float16") {
+  if (bf16 && model::bf16_products(d.provider)) {
+    lines.push_back("precision: bfloat16 products on oneDNN (" + d.kernel +
+                    "), accumulated in float32; master weights and the optimizer in float32");
+  } else if (bf16 || storage == "float16") {
     const bool units = bf16 ? (env.cpu.avx512_bf16 || env.cpu.amx_bf16)
                             : (env.cpu.avx512_fp16 || env.cpu.amx_fp16);
     lines.push_back(std::string("precision: ") + std::string(storage) +
@@ -72,7 +75,9 @@ inline std::vector<std::string> compute_log(const model::gemm_decision& d, std::
                     std::string(storage) + ", slower than float32 (this CPU " +
                     (units ? "has " : "has no ") +
                     (bf16 ? "AVX512-BF16 or AMX-BF16" : "AVX512-FP16 or AMX-FP16") +
-                    (units ? ", which strata does not use yet)" : ")"));
+                    (units ? (bf16 ? "; bfloat16 products need gemm = onednn)"
+                                   : ", which strata does not use yet)")
+                           : ")"));
   }
   return lines;
 }

@@ -23,6 +23,8 @@
 #include <utility>
 #include <vector>
 
+#include "strata/core/cpu_features.hpp"
+#include "strata/core/dtype.hpp"
 #include "strata/core/rng.hpp"
 #include "strata/core/shape.hpp"
 #include "strata/model/concepts.hpp"
@@ -917,6 +919,113 @@ TEST_CASE("gemm: every provider, every transpose, alpha, beta and leading dimens
     CHECK(c == std::vector<float>{0.5f, 1.0f});
     sm::gemm_on(p, {}, 0, 2, 3, 1.0f, a_values.data(), 3, b_values.data(), 2, 0.0f, c.data(), 2);
     CHECK(c == std::vector<float>{0.5f, 1.0f});
+  }
+}
+
+TEST_CASE("gemm: bfloat16 inputs multiply in bfloat16 on oneDNN, accumulated in float32") {
+  const auto cpu = strata::detect_cpu_features();
+  CHECK(sm::bf16_products(sm::gemm_provider::onednn) ==
+        (sm::gemm_compiled(sm::gemm_provider::onednn) && (cpu.avx512_bf16 || cpu.amx_bf16)));
+  CHECK_FALSE(sm::bf16_products(sm::gemm_provider::openblas));
+  CHECK_FALSE(sm::bf16_products(sm::gemm_provider::eigen));
+  if (!sm::gemm_compiled(sm::gemm_provider::onednn)) {
+    return;
+  }
+  struct restore {
+    ~restore() { sm::set_bf16_products(sm::bf16_products_mode::automatic); }
+  } restore_mode;
+  const std::size_t m = 19;
+  const std::size_t n = 23;
+  const std::size_t k = 37;
+  const std::size_t pad = 2;
+  // bfloat16 values (what mixed<bfloat16> hands the layers), and one that is not: 1 + 2^-10
+  // rounds to 1 in bfloat16.
+  auto a = random_values((m + k) * (m + k + pad), 8);
+  auto b = random_values((n + k) * (n + k + pad), 9);
+  for (float& v : a) {
+    v = static_cast<float>(strata::bfloat16(v));
+  }
+  for (float& v : b) {
+    v = static_cast<float>(strata::bfloat16(v));
+  }
+  const float inexact = 1.0f + 1.0f / 1024.0f;
+  for (const bool ta : {false, true}) {
+    for (const bool tb : {false, true}) {
+      for (const float beta : {0.0f, 1.0f}) {
+        CAPTURE(ta);
+        CAPTURE(tb);
+        CAPTURE(beta);
+        const std::size_t lda = (ta ? m : k) + pad;
+        const std::size_t ldb = (tb ? k : n) + pad;
+        const std::size_t ldc = n + pad;
+        std::vector<float> a_in = a;
+        a_in[0] = inexact;  // A's first stored element, rounded to 1 by the bfloat16 product
+        const auto c_start = random_values(m * ldc, 10);
+        std::vector<float> c_bf16 = c_start;
+        sm::set_bf16_products(sm::bf16_products_mode::on);
+        sm::gemm_on(sm::gemm_provider::onednn,
+                    {.transpose_a = ta, .transpose_b = tb, .bfloat16_inputs = true}, m, n, k, 1.0f,
+                    a_in.data(), lda, b.data(), ldb, beta, c_bf16.data(), ldc);
+        // Off: the float32 product of the same values, bit for bit as without the flag.
+        sm::set_bf16_products(sm::bf16_products_mode::off);
+        std::vector<float> c_off = c_start;
+        std::vector<float> c_plain = c_start;
+        sm::gemm_on(sm::gemm_provider::onednn,
+                    {.transpose_a = ta, .transpose_b = tb, .bfloat16_inputs = true}, m, n, k, 1.0f,
+                    a_in.data(), lda, b.data(), ldb, beta, c_off.data(), ldc);
+        sm::gemm_on(sm::gemm_provider::onednn, {.transpose_a = ta, .transpose_b = tb}, m, n, k,
+                    1.0f, a_in.data(), lda, b.data(), ldb, beta, c_plain.data(), ldc);
+        CHECK(c_off == c_plain);
+        double worst = 0.0;
+        for (std::size_t i = 0; i < m; ++i) {
+          for (std::size_t j = 0; j < n; ++j) {
+            double sum = 0.0;
+            for (std::size_t l = 0; l < k; ++l) {
+              const std::size_t ai = ta ? l * lda + i : i * lda + l;
+              const double av = ai == 0 ? 1.0 : a_in[ai];  // the product saw the rounded value
+              const double bv = tb ? b[j * ldb + l] : b[l * ldb + j];
+              sum += av * bv;
+            }
+            const double expected = sum + beta * static_cast<double>(c_start[i * ldc + j]);
+            worst = std::max(worst, std::abs(expected - c_bf16[i * ldc + j]));
+          }
+          for (std::size_t j = n; j < ldc; ++j) {
+            CHECK(c_bf16[i * ldc + j] == c_start[i * ldc + j]);
+          }
+        }
+        CHECK(worst < 1e-4);
+      }
+    }
+  }
+  // A linear layer under mixed<bfloat16>'s storage: the same output in bfloat16 products as in
+  // float32 ones (bfloat16 inputs and parameters), to float32 accumulation's rounding.
+  const sm::linear l{.in = 40, .out = 12};
+  const std::size_t batch = 6;
+  auto x = random_values(batch * 40, 11);
+  auto params = random_values(12 * 40 + 12, 12);
+  for (float& v : x) {
+    v = static_cast<float>(strata::bfloat16(v));
+  }
+  for (float& v : params) {
+    v = static_cast<float>(strata::bfloat16(v));
+  }
+  const sm::gemm_scope use(sm::gemm_provider::onednn);
+  std::vector<float> y_on(batch * 12);
+  std::vector<float> y_off(batch * 12);
+  for (const auto mode : {sm::bf16_products_mode::on, sm::bf16_products_mode::off}) {
+    sm::set_bf16_products(mode);
+    sm::forward_args args;
+    args.batch = batch;
+    args.in_shape = vec(40);
+    args.out_shape = vec(12);
+    args.input = x;
+    args.output = mode == sm::bf16_products_mode::on ? y_on : y_off;
+    args.params = params;
+    args.storage = strata::dtype::bfloat16;
+    l.forward(args);
+  }
+  for (std::size_t i = 0; i < y_on.size(); ++i) {
+    CHECK(y_on[i] == doctest::Approx(y_off[i]).epsilon(1e-5));
   }
 }
 
