@@ -5,15 +5,16 @@
 //   - strata_fp32: strata's trainer (trainer::fit), float32, on the GEMM provider `--gemm` picks
 //     (auto: what the trainer's default picks); strata_loop_fp32: a hand-written loop over the
 //     same loader, layers, loss and optimizer (the policy and bookkeeping overhead);
-//   - strata_bf16: the trainer with precision::bf16;
+//   - strata_bf16: the trainer with precision::bf16 (bfloat16 products where they are on);
 //   - pytorch_fp32 and pytorch_bf16 (torch.autocast to bfloat16) on CPU at the same batch and
 //     threads, by bench/train/torch_mlp.py when `import torch` works, with OPENBLAS_CORETYPE
 //     set right when this process's OpenBLAS picked fallback kernels;
 //   - limit_fp32: the step's GEMMs alone (forward, weight and input gradients at the model's
 //     shapes) on the fastest provider, as samples/s: what no float32 trainer on these kernels
 //     passes. Measured between the trainer's runs (the best of 8 rounds each time; the median
-//     of those), so that a shared machine's drift hits both alike. limit_bf16 needs bfloat16
-//     products, which strata's providers do not run yet: its row says so.
+//     of those), so that a shared machine's drift hits both alike. limit_bf16: the same
+//     products in bfloat16 on oneDNN, where bfloat16 products are on (model::bf16_products:
+//     oneDNN and a CPU with AVX512-BF16 or AMX-BF16); elsewhere the row says why not.
 // The first lines name the CPU (model, vector ISA) and each provider's kernels.
 //
 //   build/bench/bench_trainer [--data-dir DIR] [--batch 256] [--steps 60] [--threads 1,2]
@@ -240,7 +241,7 @@ std::optional<nlohmann::json> run_torch(const options& o, int threads, bool bf16
 // Seconds of one step's products of the MLP at `batch` on provider p, the best of a few rounds:
 // forward x W^T, weight gradients dy^T x and input gradients dy W (none for the first layer,
 // whose input needs none), as the reference linear layer calls them.
-double step_gemm_seconds(sm::gemm_provider p, std::size_t batch) {
+double step_gemm_seconds(sm::gemm_provider p, std::size_t batch, bool bf16 = false) {
   struct layer_shape {
     std::size_t in;
     std::size_t out;
@@ -255,13 +256,13 @@ double step_gemm_seconds(sm::gemm_provider p, std::size_t batch) {
   for (int round = 0; round < 8; ++round) {
     const auto start = clock_type::now();
     for (const layer_shape& l : layers) {
-      sm::gemm_on(p, {.transpose_b = true}, batch, l.out, l.in, 1.0f, x.data(), l.in, w.data(),
-                  l.in, 1.0f, y.data(), l.out);
-      sm::gemm_on(p, {.transpose_a = true}, l.out, l.in, batch, 1.0f, y.data(), l.out, x.data(),
-                  l.in, 1.0f, dw.data(), l.in);
+      sm::gemm_on(p, {.transpose_b = true, .bfloat16_inputs = bf16}, batch, l.out, l.in, 1.0f,
+                  x.data(), l.in, w.data(), l.in, 1.0f, y.data(), l.out);
+      sm::gemm_on(p, {.transpose_a = true, .bfloat16_inputs = bf16}, l.out, l.in, batch, 1.0f,
+                  y.data(), l.out, x.data(), l.in, 1.0f, dw.data(), l.in);
       if (l.input_grad) {
-        sm::gemm_on(p, {}, batch, l.in, l.out, 1.0f, y.data(), l.out, w.data(), l.in, 0.0f,
-                    x.data(), l.in);
+        sm::gemm_on(p, {.bfloat16_inputs = bf16}, batch, l.in, l.out, 1.0f, y.data(), l.out,
+                    w.data(), l.in, 0.0f, x.data(), l.in);
       }
     }
     best = std::min(best, std::chrono::duration<double>(clock_type::now() - start).count());
@@ -386,10 +387,12 @@ int main(int argc, char** argv) {
     std::snprintf(overhead, sizeof overhead, "the trainer's overhead over it: %.1f%%",
                   100.0 * (loop_rate / trainer_rate - 1.0));
     row("strata_loop_fp32", t, loop_rate, versus(loop_rate, torch_rate), overhead);
+    const bool bf16_products = sm::bf16_products(sm::current_gemm());
     if (o.bf16) {
       const double bf16_rate = median(bf16_rates);
       row("strata_bf16", t, bf16_rate, versus(bf16_rate, torch_bf16_rate),
-          "bfloat16 emulated: float32 products on rounded values");
+          bf16_products ? "bfloat16 products on oneDNN"
+                        : "bfloat16 emulated: float32 products on rounded values");
     }
     row("pytorch_fp32", t, torch_rate, std::nullopt,
         torch ? "torch " + torch->at("torch").get<std::string>()
@@ -402,7 +405,18 @@ int main(int argc, char** argv) {
     }
     row("limit_fp32", t, limit, std::nullopt, "the step's GEMMs alone on " + limit_provider);
     if (o.bf16) {
-      row("limit_bf16", t, std::nullopt, std::nullopt, "no bfloat16 GEMM provider in strata yet");
+      if (bf16_products) {
+        std::vector<double> rates;
+        for (std::size_t r = 0; r < o.repeats; ++r) {
+          rates.push_back(static_cast<double>(o.batch) /
+                          step_gemm_seconds(sm::gemm_provider::onednn, o.batch, true));
+        }
+        row("limit_bf16", t, median(rates), std::nullopt,
+            "the step's bfloat16 products alone on onednn");
+      } else {
+        row("limit_bf16", t, std::nullopt, std::nullopt,
+            "no bfloat16 products here: they need oneDNN and AVX512-BF16 or AMX-BF16");
+      }
     }
   }
   if (!o.json_path.empty()) {

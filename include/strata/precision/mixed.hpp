@@ -20,7 +20,9 @@
 // underflow below 6e-8, so it needs a loss scaler: mixed<float16> without one does not compile.
 // bfloat16 has float32's range and runs without one; a scaler may be given.
 //
-// On the host, layers compute in float32 on values that hold exactly what T can hold, so the
+// On the host the layers get T as their storage type. bfloat16 products run in bfloat16 on
+// oneDNN where the CPU has bfloat16 units (model/gemm.hpp, bf16_products); otherwise, and for
+// float16, layers compute in float32 on values that hold exactly what T can hold, so the
 // numerics are those of T storage with float32 accumulation. Memory is not saved on the host
 // (it keeps the compute copy and its gradients in float buffers); estimate_memory reports both
 // the host layout and a device's. On CUDA (its own issue) the same policy is for speed.
