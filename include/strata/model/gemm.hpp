@@ -210,6 +210,12 @@ inline gemm_decision decide_gemm(std::optional<gemm_provider> requested,
     switch (p) {
       case gemm_provider::onednn:
         d.kernel = env.onednn_isa;
+        if (onednn_isa_level(env.onednn_isa) < widest_isa(env.cpu)) {
+          d.notes.push_back("oneDNN dispatches to its " + env.onednn_isa + " kernels on this " +
+                            cpu +
+                            " CPU: unset ONEDNN_MAX_CPU_ISA if it is set, or install a newer "
+                            "oneDNN that knows this CPU");
+        }
         break;
       case gemm_provider::openblas:
         d.kernel = env.openblas_core;

@@ -792,6 +792,16 @@ TEST_CASE("gemm: auto takes oneDNN, then an OpenBLAS whose kernels fit the CPU, 
       CHECK(d.notes.empty());
     }
   }
+  SUBCASE("oneDNN below the CPU's ISA is used, and said") {
+    auto env = fake_machine(avx512, true, "SkylakeX", isa_level::avx512);
+    env.onednn_isa = "avx2";
+    const auto d = sm::decide_gemm(std::nullopt, env);
+    CHECK(d.provider == sm::gemm_provider::onednn);
+    CHECK(has_note(d, {"oneDNN dispatches to its avx2 kernels", "AVX-512", "ONEDNN_MAX_CPU_ISA"}));
+    CHECK(sm::onednn_isa_level("avx512_core_amx") == isa_level::avx512);
+    CHECK(sm::onednn_isa_level("avx2_vnni") == isa_level::avx2);
+    CHECK(sm::onednn_isa_level("sse41") == isa_level::baseline);
+  }
   SUBCASE("OpenBLAS with kernels for the CPU's widest ISA") {
     const auto a =
         sm::decide_gemm(std::nullopt, fake_machine(avx512, false, "SkylakeX", isa_level::avx512));
