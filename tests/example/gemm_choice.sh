@@ -2,8 +2,8 @@
 # SPDX-License-Identifier: Apache-2.0
 # An example trainer under OPENBLAS_CORETYPE=Prescott, OpenBLAS's generic SSE3 kernels (what
 # Debian 12's OpenBLAS picks on CPUs it does not know): with gemm = auto it does not compute on
-# them, and with gemm = openblas its log says they are slow and how to fix it; every provider
-# this build has trains to the same test loss.
+# them, and with gemm = openblas its log says they are slow and how to fix it; a provider the
+# build lacks is refused with the reason; every provider it has trains to the same test loss.
 #   gemm_choice.sh PROGRAM WORK ARGS...
 set -euo pipefail
 program="$1"; work="$2"; shift 2
@@ -53,8 +53,19 @@ else
   fi
 fi
 
-run eigen "$@" --gemm eigen
-providers="$providers eigen"
+# gemm = eigen: a build with oneDNN or OpenBLAS leaves Eigen's kernels out unless compiled with
+# STRATA_GEMM_EIGEN=1, and refuses the key (exit 2, saying so).
+status=0
+"$program" "$@" --gemm eigen --run_name eigen > eigen.log 2>&1 || status=$?
+if [ "$status" = 2 ]; then
+  grep -q "gemm.*STRATA_GEMM_EIGEN=1" eigen.log || fail "gemm = eigen refused without the reason" eigen.log
+  [ "$provider" != eigen ] || fail "auto chose eigen, which gemm = eigen refuses" auto.log eigen.log
+  rm eigen.log
+elif [ "$status" != 0 ] || ! grep -q "^summary: " eigen.log; then
+  fail "gemm = eigen: exit status $status" eigen.log
+else
+  providers="$providers eigen"
+fi
 
 # The same training on every provider: the test losses agree to rounding.
 base=$(loss auto)

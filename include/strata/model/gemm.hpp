@@ -14,13 +14,18 @@
 //   - openblas: OpenBLAS's cblas_sgemm. Its kernels are picked at load time by the CPU's name;
 //               an OpenBLAS older than the CPU falls back to generic ones (Debian 12's 0.3.21
 //               picks its SSE3 "Prescott" kernels on some AVX-512 Xeons, a fifth of the speed).
-//   - eigen:    Eigen's own kernels, for the vector ISA the translation unit was compiled for;
-//               always there.
+//   - eigen:    Eigen's own kernels, for the vector ISA the translation unit was compiled for.
+//               Compiled in when STRATA_GEMM_EIGEN is 1: by default only in builds without
+//               oneDNN and OpenBLAS, since Eigen's GEMM templates add about 20 s of optimisation
+//               to every translation unit that trains (define STRATA_GEMM_EIGEN=1 to have them
+//               as a choice beside the others). Like the other two switches it must be the same
+//               in every translation unit of a program.
 //
 // decide_gemm is the choice, a pure function of what the CPU can do and what the providers say
 // of themselves (gemm_environment), so tests give it made-up machines. "auto" takes oneDNN, then
-// an OpenBLAS whose kernels match the CPU, then Eigen; it never takes a fallback silently: what
-// it skipped and how to fix it are notes the trainer logs. A provider that is asked for by name
+// an OpenBLAS whose kernels match the CPU, then Eigen (a slow OpenBLAS when the build has no
+// Eigen kernels); it never takes a fallback silently: what it skipped or why it is slow, and how
+// to fix it, are notes the trainer logs. A provider that is asked for by name
 // is used, with the same notes. The choice is by capability alone, so the same build on the same
 // machine always computes with the same kernels (resumed runs and N-rank equivalences rely on
 // it); measure_gemm times one product for the log.
@@ -55,6 +60,14 @@
 #include <oneapi/dnnl/dnnl.h>
 #endif
 
+#if !defined(STRATA_GEMM_EIGEN)
+#if defined(STRATA_HAVE_ONEDNN) || defined(STRATA_BLAS_OPENBLAS)
+#define STRATA_GEMM_EIGEN 0
+#else
+#define STRATA_GEMM_EIGEN 1
+#endif
+#endif
+
 namespace strata::model {
 
 enum class gemm_provider { onednn, openblas, eigen };
@@ -87,7 +100,7 @@ constexpr bool gemm_compiled(gemm_provider p) {
       return false;
 #endif
     case gemm_provider::eigen:
-      return true;
+      return STRATA_GEMM_EIGEN != 0;
   }
   return false;
 }
@@ -112,6 +125,7 @@ struct gemm_environment {
   std::string onednn_version{};  // "2.6.3"
   bool openblas = false;
   std::string openblas_core{};  // openblas_get_corename(): "SkylakeX", "Haswell", "Prescott", ...
+  bool eigen = true;            // Eigen's kernels are compiled in
   isa_level eigen_isa = isa_level::baseline;  // what Eigen's kernels were compiled for
 
   friend bool operator==(const gemm_environment&, const gemm_environment&) = default;
@@ -234,22 +248,26 @@ inline gemm_decision decide_gemm(std::optional<gemm_provider> requested,
   if (requested) {
     const bool present = *requested == gemm_provider::onednn     ? env.onednn
                          : *requested == gemm_provider::openblas ? env.openblas
-                                                                 : true;
+                                                                 : env.eigen;
     if (!present) {
-      throw std::invalid_argument(
-          std::string("gemm = \"") + to_string(*requested) + "\": this build has no " +
-          (*requested == gemm_provider::onednn
-               ? "oneDNN (Debian: libdnnl-dev; reconfigure with -DSTRATA_USE_ONEDNN=ON)"
-               : "OpenBLAS (Debian: libopenblas-dev; reconfigure with -DSTRATA_USE_BLAS=ON)") +
-          "; use \"auto\" or one of the providers it has");
+      const char* why =
+          *requested == gemm_provider::onednn
+              ? "has no oneDNN (Debian: libdnnl-dev; reconfigure with -DSTRATA_USE_ONEDNN=ON)"
+          : *requested == gemm_provider::openblas
+              ? "has no OpenBLAS (Debian: libopenblas-dev; reconfigure with -DSTRATA_USE_BLAS=ON)"
+              : "leaves Eigen's kernels out, since it has oneDNN or OpenBLAS (compile with "
+                "-DSTRATA_GEMM_EIGEN=1 to have them)";
+      throw std::invalid_argument(std::string("gemm = \"") + to_string(*requested) +
+                                  "\": this build " + why +
+                                  "; use \"auto\" or one of the providers it has");
     }
     take(*requested);
     return d;
   }
   if (env.onednn) {
     take(gemm_provider::onednn);
-  } else if (env.openblas && !openblas_slow) {
-    take(gemm_provider::openblas);
+  } else if (env.openblas && (!openblas_slow || !env.eigen)) {
+    take(gemm_provider::openblas);  // a slow one only when there is nothing else, with its note
   } else {
     take(gemm_provider::eigen);
     if (env.openblas) {
@@ -302,6 +320,7 @@ inline gemm_environment detect_gemm_environment() {
   env.openblas = true;
   env.openblas_core = openblas_get_corename();
 #endif
+  env.eigen = gemm_compiled(gemm_provider::eigen);
 #if defined(EIGEN_VECTORIZE_AVX512)
   env.eigen_isa = isa_level::avx512;
 #elif defined(EIGEN_VECTORIZE_AVX2)
@@ -436,6 +455,7 @@ using gemm_row_major = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eige
 using gemm_const_map = Eigen::Map<const gemm_row_major, 0, Eigen::OuterStride<>>;
 using gemm_map = Eigen::Map<gemm_row_major, 0, Eigen::OuterStride<>>;
 
+#if STRATA_GEMM_EIGEN
 // Eigen's kernels in one form only, A (m x k) times B (k x n), both row-major: a transposed
 // operand is first copied into that form (O(mk) or O(kn) against the product's O(mnk)), so that
 // every translation unit instantiates Eigen's GEMM once rather than once per transpose pair.
@@ -466,6 +486,7 @@ inline void eigen_gemm(gemm_options t, Eigen::Index m, Eigen::Index n, Eigen::In
     cm.noalias() += alpha * am * bm;
   }
 }
+#endif
 
 }  // namespace detail
 
@@ -688,8 +709,12 @@ inline void gemm_on(gemm_provider p, gemm_options t, std::size_t m, std::size_t 
       break;
 #endif
     case gemm_provider::eigen:
+#if STRATA_GEMM_EIGEN
       detail::eigen_gemm(t, i(m), i(n), i(k), alpha, a, i(lda), b, i(ldb), beta, c, i(ldc));
       return;
+#else
+      break;
+#endif
   }
   throw std::invalid_argument(std::string("gemm: this build has no ") + to_string(p));
 }

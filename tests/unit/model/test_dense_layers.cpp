@@ -864,6 +864,18 @@ TEST_CASE("gemm: auto takes oneDNN, then an OpenBLAS whose kernels fit the CPU, 
     CHECK_THROWS_WITH_AS(sm::decide_gemm(sm::gemm_provider::openblas, env),
                          doctest::Contains("libopenblas-dev"), std::invalid_argument);
   }
+  SUBCASE("a build without Eigen's kernels (the default beside oneDNN or OpenBLAS)") {
+    auto env = fake_machine(avx512, false, "Prescott", isa_level::avx512);
+    env.eigen = false;
+    CHECK_THROWS_WITH_AS(sm::decide_gemm(sm::gemm_provider::eigen, env),
+                         doctest::Contains("-DSTRATA_GEMM_EIGEN=1"), std::invalid_argument);
+    // A fallback OpenBLAS is all there is: it is used, and the note says how to fix it.
+    const auto d = sm::decide_gemm(std::nullopt, env);
+    CHECK(d.provider == sm::gemm_provider::openblas);
+    CHECK(has_note(d, {"Prescott", "set OPENBLAS_CORETYPE=SkylakeX"}));
+    env.openblas_core = "SkylakeX";
+    CHECK(sm::decide_gemm(std::nullopt, env).notes.empty());
+  }
   CHECK(sm::openblas_core_isa("skylakex") == isa_level::avx512);
   CHECK(sm::openblas_core_isa("Zen") == isa_level::avx2);
   CHECK(sm::openblas_core_isa("Prescott") == isa_level::baseline);
@@ -1045,7 +1057,9 @@ TEST_CASE("gemm: this machine's providers, the current one and its name") {
   CHECK(env.openblas == sm::gemm_compiled(sm::gemm_provider::openblas));
   CHECK(env.openblas == !env.openblas_core.empty());
   CHECK(env.onednn == !env.onednn_isa.empty());
+  // unit_model is compiled with STRATA_GEMM_EIGEN=1, so every provider is compared here.
   CHECK(sm::gemm_compiled(sm::gemm_provider::eigen));
+  CHECK(env.eigen);
   const auto providers = sm::available_gemm_providers();
   REQUIRE_FALSE(providers.empty());
   CHECK(providers.back() == sm::gemm_provider::eigen);

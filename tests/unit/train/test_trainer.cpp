@@ -296,6 +296,20 @@ TEST_CASE("configurations this trainer does not run are refused by key") {
   cfg = base_config(dir);
   cfg.gradient_accumulation_steps = 2;
   CHECK_THROWS_AS(st::trainer(small_model(), cfg, {.print_progress = false}), strata::config_error);
+  // A GEMM provider this build left out: Eigen's kernels, beside oneDNN or OpenBLAS (unit_train
+  // is built with the defaults of model/gemm.hpp).
+  namespace sm = strata::model;
+  const bool other = sm::gemm_compiled(sm::gemm_provider::onednn) ||
+                     sm::gemm_compiled(sm::gemm_provider::openblas);
+  CHECK(sm::gemm_compiled(sm::gemm_provider::eigen) == !other);
+  if (other) {
+    cfg = base_config(dir);
+    cfg.gemm = strata::config::gemm_kind::eigen;
+    const std::string message =
+        config_error_of([&] { st::trainer(small_model(), cfg, {.print_progress = false}); });
+    CHECK(message.find("gemm") != std::string::npos);
+    CHECK(message.find("STRATA_GEMM_EIGEN=1") != std::string::npos);
+  }
   // A dataset whose samples do not fit the model.
   cfg = base_config(dir);
   st::trainer t(small_model(), cfg, {.print_progress = false});
