@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "strata/core/format.hpp"
 #include "strata/core/rng.hpp"
@@ -87,21 +88,30 @@ struct dropout {
     }
     const auto threshold = static_cast<std::uint32_t>(rate * 65536.0 + 0.5);
     const auto keep_scale = static_cast<float>(65536.0 / (65536.0 - threshold));
+    // A sample's words in one bulk draw (rng_stream::fill: the same words, vectorized), then
+    // two elements per word.
+    thread_local std::vector<std::uint32_t> words;
+    words.resize((elements + 1) / 2);
+    const std::size_t pairs = elements / 2;
     for (std::size_t b = 0; b < args.batch; ++b) {
       rng_stream rng = args.rng_for(b);
+      rng.fill(words);
       const float* in = args.input.data() + b * elements;
       float* out = args.output.data() + b * elements;
       float* mask = args.workspace.data() + b * elements;
-      std::uint32_t word = 0;
-      for (std::size_t i = 0; i < elements; ++i) {
-        if (i % 2 == 0) {
-          word = rng();
-        } else {
-          word >>= 16;
-        }
-        const float factor = (word & 0xFFFFu) >= threshold ? keep_scale : 0.0f;
-        mask[i] = factor;
-        out[i] = in[i] * factor;
+      const std::uint32_t* w = words.data();
+      for (std::size_t p = 0; p < pairs; ++p) {
+        const float low = (w[p] & 0xFFFFu) >= threshold ? keep_scale : 0.0f;
+        const float high = (w[p] >> 16) >= threshold ? keep_scale : 0.0f;
+        mask[2 * p] = low;
+        mask[2 * p + 1] = high;
+        out[2 * p] = in[2 * p] * low;
+        out[2 * p + 1] = in[2 * p + 1] * high;
+      }
+      if (elements % 2 != 0) {
+        const float last = (w[pairs] & 0xFFFFu) >= threshold ? keep_scale : 0.0f;
+        mask[elements - 1] = last;
+        out[elements - 1] = in[elements - 1] * last;
       }
     }
   }

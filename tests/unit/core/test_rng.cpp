@@ -307,6 +307,32 @@ TEST_CASE("skip(n) is drawing n blocks") {
   CHECK(first_words(wrapped, 12) == first_words(rng_stream::for_sample(5, 6, 7, 8), 12));
 }
 
+TEST_CASE("fill(words) is drawing them one by one, from any position, across the wrap") {
+  for (std::size_t offset : {0u, 1u, 3u, 4u, 7u}) {
+    for (std::size_t count : {0u, 1u, 3u, 4u, 5u, 63u, 64u, 65u, 67u, 1000u}) {
+      CAPTURE(offset);
+      CAPTURE(count);
+      auto filled = rng_stream::for_sample(11, 2, 300, 4);
+      auto drawn = filled;
+      draw_words(filled, offset);
+      draw_words(drawn, offset);
+      std::vector<std::uint32_t> words(count);
+      filled.fill(words);
+      CHECK(words == draw_words(drawn, count));
+      CHECK(filled.position() == drawn.position());
+      CHECK(draw_words(filled, 9) == draw_words(drawn, 9));
+    }
+  }
+  // The block number wraps modulo 2^32 inside a fill, as it does one word at a time.
+  auto filled = rng_stream::for_sample(3, 0, 1, 0);
+  filled.skip((std::uint64_t{1} << 32) - 5);
+  auto drawn = filled;
+  std::vector<std::uint32_t> words(4 * 40 + 2);
+  filled.fill(words);
+  CHECK(words == draw_words(drawn, words.size()));
+  CHECK(filled.position() == drawn.position());
+}
+
 TEST_CASE("uniform_float and uniform_double: range, mean and variance over 10^6 draws") {
   const int n = 1'000'000;
   auto stream = rng_stream::for_sample(11, 0, 0);

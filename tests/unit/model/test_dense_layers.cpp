@@ -545,7 +545,23 @@ TEST_CASE("dropout: the mask is a function of (seed, step, layer, sample id) onl
   CHECK(std::vector<float>(moved.workspace.begin() + n, moved.workspace.begin() + 2 * n) ==
         std::vector<float>(sample1.begin(), sample1.end()));
 
-  // One word per element: a longer sample starts with the shorter one's mask.
+  // The documented draw, word by word: sample b's stream, one word per two elements (low half
+  // first); an odd element count uses the low half of one more word.
+  const std::size_t odd = 101;
+  const std::vector<float> odd_x(2 * odd, 1.0f);
+  const auto odd_run = run_forward(d, vec(odd), 2, odd_x, {}, true, key);
+  const auto t = static_cast<std::uint32_t>(0.5 * 65536.0 + 0.5);
+  for (std::size_t b = 0; b < 2; ++b) {
+    strata::rng_stream stream = key.stream(b);
+    std::uint32_t word = 0;
+    for (std::size_t i = 0; i < odd; ++i) {
+      word = i % 2 == 0 ? stream() : word >> 16;
+      const float expected = (word & 0xFFFFu) >= t ? 2.0f : 0.0f;
+      CHECK(odd_run.workspace[b * odd + i] == expected);
+    }
+  }
+
+  // A longer sample starts with the shorter one's mask.
   const std::vector<float> shorter_x(100, 1.0f);
   const auto shorter = run_forward(d, vec(100), 1, shorter_x, {}, true, key);
   CHECK(shorter.workspace == std::vector<float>(sample0.begin(), sample0.begin() + 100));
