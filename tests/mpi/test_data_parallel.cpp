@@ -72,7 +72,9 @@ void check_against_one_process(const std::string& name, Adjust adjust) {
   one_cfg.optimizer = strata::config::optimizer_kind::adamw;
   one_cfg.lr = 0.01;
   std::vector<double> one_losses;
-  st::trainer<model_t> one(small_model(), one_cfg, {.print_progress = false});
+  // Every process trains its own reference, each in its own directory.
+  st::trainer<model_t> one(small_model(), one_cfg,
+                           {.print_progress = false, .independent_processes = true});
   one.on_step([&](const st::step_metrics& m) { one_losses.push_back(m.loss); });
   one.fit(blobs{}, sd::identity{}, blobs{.n = 256, .salt = 1}, sd::identity{});
 

@@ -69,6 +69,7 @@
 #include "strata/config/validate.hpp"
 #include "strata/core/error.hpp"
 #include "strata/core/host.hpp"
+#include "strata/core/launcher.hpp"
 #include "strata/core/policy.hpp"
 #include "strata/core/round.hpp"
 #include "strata/data/concepts.hpp"
@@ -128,6 +129,11 @@ struct trainer_options {
   std::FILE* progress_out = nullptr;  // nullptr: stdout
   int terminal = -1;                  // progress bar: 1 / 0 force; -1 ask isatty
   std::size_t eval_batch = 500;
+  // Under a launcher of several processes (mpiexec; core/launcher.hpp) a trainer whose ranks do
+  // not span them is refused: each process would train alone, into the same checkpoint
+  // directory. true: this process means to train on its own (give each its own
+  // checkpoint_dir or run_name).
+  bool independent_processes = false;
 
   friend bool operator==(const trainer_options&, const trainer_options&) = default;
 };
@@ -141,6 +147,55 @@ inline std::string xxh3_hex(std::span<const float> values) {
 }
 
 namespace detail {
+
+// The part of an epoch done before a checkpoint in its middle: its running sums, so that a
+// resumed run reports the epoch as an uninterrupted one does (train loss and accuracy over all
+// of its samples, its steps; its seconds include the part before the stop).
+struct epoch_so_far {
+  double loss_sum = 0.0;  // summed over the epoch's samples so far, every rank's
+  std::uint64_t correct = 0;
+  std::uint64_t steps = 0;
+  std::uint64_t samples = 0;
+  std::uint64_t skipped_steps = 0;
+  double seconds = 0.0;
+  double data_seconds = 0.0;
+  double compute_seconds = 0.0;
+  double comm_seconds = 0.0;
+
+  friend bool operator==(const epoch_so_far&, const epoch_so_far&) = default;
+};
+
+inline nlohmann::json to_json(const epoch_so_far& e) {
+  return {{"loss_sum", e.loss_sum},
+          {"correct", e.correct},
+          {"steps", e.steps},
+          {"samples", e.samples},
+          {"skipped_steps", e.skipped_steps},
+          {"seconds", e.seconds},
+          {"data_s", e.data_seconds},
+          {"compute_s", e.compute_seconds},
+          {"comm_s", e.comm_seconds}};
+}
+
+// The sums of a checkpoint's "epoch_so_far" (zeros when it has none: an epoch boundary, or a
+// checkpoint from before it was recorded).
+inline epoch_so_far epoch_so_far_from_json(const nlohmann::json& state) {
+  epoch_so_far e{};
+  if (!state.contains("epoch_so_far")) {
+    return e;
+  }
+  const nlohmann::json& j = state.at("epoch_so_far");
+  e.loss_sum = j.at("loss_sum").get<double>();
+  e.correct = j.at("correct").get<std::uint64_t>();
+  e.steps = j.at("steps").get<std::uint64_t>();
+  e.samples = j.at("samples").get<std::uint64_t>();
+  e.skipped_steps = j.at("skipped_steps").get<std::uint64_t>();
+  e.seconds = j.at("seconds").get<double>();
+  e.data_seconds = j.at("data_s").get<double>();
+  e.compute_seconds = j.at("compute_s").get<double>();
+  e.comm_seconds = j.at("comm_s").get<double>();
+  return e;
+}
 
 // What a checkpoint's state records besides its files (docs/train.md, "Checkpoints").
 struct checkpoint_state_fields {
@@ -159,11 +214,12 @@ struct checkpoint_state_fields {
   std::string_view parallel{};
   std::string params_xxh3{};
   nlohmann::json run{};
+  std::optional<epoch_so_far> so_far{};  // a checkpoint inside an epoch
 };
 
 // The state JSON of a checkpoint: one function for every trainer type, not one per type.
 inline nlohmann::json checkpoint_state_json(const checkpoint_state_fields& f) {
-  return nlohmann::json{
+  nlohmann::json state{
       {"epoch", f.epoch},
       {"next_batch", f.next_batch},
       {"step", f.step},
@@ -183,6 +239,10 @@ inline nlohmann::json checkpoint_state_json(const checkpoint_state_fields& f) {
       {"layout", {{"world_size", f.world_size}, {"parallel", std::string(f.parallel)}}},
       {"params_xxh3", f.params_xxh3},
       {"run", f.run}};
+  if (f.so_far) {
+    state["epoch_so_far"] = to_json(*f.so_far);
+  }
+  return state;
 }
 
 // Throws config_error when `run` may not continue `checkpoint` (key resume, or run_name when the
@@ -241,6 +301,36 @@ struct trainer_kind {
   std::string_view parallel{};
   std::string_view sync{};  // the parallel policy's gradient synchronisation
 };
+
+// Throws config_error when `launch` started several processes and this trainer would not use
+// them: a one-rank trainer (key world_size), or ranks as threads of this process (key
+// communication_backend). Nothing has been written when it throws.
+inline void refuse_launch_mismatch(bool distributed, const config::train_config& cfg,
+                                   const std::optional<launch_info>& launch) {
+  if (!launch || launch->size <= 1) {
+    return;
+  }
+  const std::string where = "this process is rank " + std::to_string(launch->rank) + " of " +
+                            std::to_string(launch->size) + " started by " + launch->launcher +
+                            " (" + launch->variable + "=" + std::to_string(launch->size) + ")";
+  const std::string fix = "; set world_size = " + std::to_string(launch->size) +
+                          " and communication_backend = \"mpi\", or start one process";
+  if (!distributed || cfg.world_size == 1) {
+    throw config_error({.key = "world_size", .file = {}, .line = 0, .column = 0},
+                       where + ", but world_size is " + std::to_string(cfg.world_size) +
+                           ": every process would train alone, into the same checkpoint "
+                           "directory" +
+                           fix);
+  }
+  if (cfg.communication_backend == config::comm_backend_kind::threads) {
+    throw config_error({.key = "communication_backend", .file = {}, .line = 0, .column = 0},
+                       where + ", but communication_backend = \"threads\" runs the " +
+                           std::to_string(cfg.world_size) +
+                           " ranks as threads of each process: every process would train its "
+                           "own copy, into the same checkpoint directory" +
+                           fix);
+  }
+}
 
 // Throws config_error naming the key of a configuration this trainer type does not run: the
 // world size, batch, precision and parallel keys its policies do not match, and the keys of
@@ -559,7 +649,8 @@ class trainer {
         options_(options),
         comm_(comm),
         params_(make_store(model_, state_shards(cfg_, comm ? comm->size() : 1))),
-        optimizer_(checked_optimizer(cfg_, comm ? comm->size() : 1, comm ? comm->rank() : 0)) {
+        optimizer_(checked_optimizer(cfg_, comm ? comm->size() : 1, comm ? comm->rank() : 0,
+                                     options.independent_processes)) {
     if (model_.output_shape().channels != 1 || model_.output_shape().height != 1) {
       throw std::invalid_argument("trainer: the model's output " +
                                   to_string(model_.output_shape()) +
@@ -841,6 +932,21 @@ class trainer {
       epoch_metrics em{.epoch = epoch};
       double loss_sum = 0.0;
       std::size_t correct = 0;
+      double seconds_before = 0.0;  // of this epoch, before the checkpoint it resumed from
+      std::size_t samples_before = 0;
+      if (first_batch > 0) {
+        const detail::epoch_so_far& e = resumed_so_far_;
+        loss_sum = e.loss_sum;
+        correct = static_cast<std::size_t>(e.correct);
+        em.steps = e.steps;
+        em.samples = static_cast<std::size_t>(e.samples);
+        em.skipped_steps = e.skipped_steps;
+        em.data_seconds = e.data_seconds;
+        em.compute_seconds = e.compute_seconds;
+        em.comm_seconds = e.comm_seconds;
+        seconds_before = e.seconds;
+        samples_before = em.samples;
+      }
       const auto epoch_begin = clock::now();
       bool stop = false;
       while (loader.next_batch() < micro_batches_per_epoch) {
@@ -1015,15 +1121,25 @@ class trainer {
                  epochs * steps_per_epoch > step_ ? epochs * steps_per_epoch - step_ : 0);
         if (cfg_.max_steps > 0 && step_ >= static_cast<std::uint64_t>(cfg_.max_steps) &&
             loader.next_batch() < micro_batches_per_epoch) {
-          save(store, epoch, loader.next_batch(), bar);
+          save(store, epoch, loader.next_batch(), bar,
+               detail::epoch_so_far{.loss_sum = loss_sum,
+                                    .correct = correct,
+                                    .steps = em.steps,
+                                    .samples = em.samples,
+                                    .skipped_steps = em.skipped_steps,
+                                    .seconds = seconds_before + seconds_since(epoch_begin),
+                                    .data_seconds = em.data_seconds,
+                                    .compute_seconds = em.compute_seconds,
+                                    .comm_seconds = em.comm_seconds});
           summary.stopped_by_max_steps = true;
           stop = true;
           break;
         }
       }
-      em.seconds = seconds_since(epoch_begin);
-      train_seconds += em.seconds;
-      train_samples += em.samples;
+      const double own_seconds = seconds_since(epoch_begin);  // this run's part of the epoch
+      train_seconds += own_seconds;
+      em.seconds = seconds_before + own_seconds;
+      train_samples += em.samples - samples_before;
       if (stop) {
         break;
       }
@@ -1224,9 +1340,12 @@ class trainer {
 
   // Validates the configuration, refuses what this trainer does not run, and makes the optimizer.
   static optim::any_optimizer checked_optimizer(const config::train_config& cfg_, int world,
-                                                int rank) {
+                                                int rank, bool independent_processes) {
     config::validate(cfg_);
     refuse_unsupported(cfg_, world, rank);
+    if (!independent_processes) {
+      detail::refuse_launch_mismatch(distributed, cfg_, detect_launch());
+    }
     return optim::make_optimizer(optimizer_choice(cfg_));
   }
 
@@ -1800,7 +1919,8 @@ class trainer {
     }
   }
 
-  void save(checkpoint_store& store, std::uint64_t epoch, std::uint64_t next_batch, progress& bar) {
+  void save(checkpoint_store& store, std::uint64_t epoch, std::uint64_t next_batch, progress& bar,
+            std::optional<detail::epoch_so_far> so_far = std::nullopt) {
     buffer<float> server_shards;  // dedicated servers: their optimizer state (and, when
     if constexpr (ps) {           // asynchronous, the parameters as they hold them now)
       if (dedicated_ && rank() == 0) {
@@ -1824,7 +1944,8 @@ class trainer {
          .world_size = world_size(),
          .parallel = parallel_policy::name,
          .params_xxh3 = xxh3_hex(params_.values()),
-         .run = run_.to_json()});
+         .run = run_.to_json(),
+         .so_far = so_far});
     const std::span<const float> values = params_.values();
     std::span<const float> state_values = state_.span();
     buffer<float> all_shards;
@@ -1937,6 +2058,7 @@ class trainer {
     skipped_steps_ = s.contains("skipped_steps") ? s.at("skipped_steps").get<std::uint64_t>() : 0;
     adaptive_micro_batch_ =
         s.contains("adaptive_micro_batch") ? s.at("adaptive_micro_batch").get<std::size_t>() : 0;
+    resumed_so_far_ = detail::epoch_so_far_from_json(s);
     resume_point point{.epoch = s.at("epoch").get<std::uint64_t>(),
                        .next_batch = s.at("next_batch").get<std::uint64_t>(),
                        .name = loaded->info.name};
@@ -1966,6 +2088,7 @@ class trainer {
   std::uint64_t skipped_steps_ = 0;
   std::size_t adaptive_logged_ = 0;
   std::size_t adaptive_micro_batch_ = 0;  // the controller's choice for the next step; 0 = none yet
+  detail::epoch_so_far resumed_so_far_{};  // the resumed checkpoint's part of its epoch
   std::uint64_t nonfinite_in_a_row_ = 0;
   std::size_t last_micro_batch_ = 0;
   std::optional<parallel::ps_exchange> ps_{};        // parallel::data<parameter_server>

@@ -6,9 +6,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -54,6 +56,7 @@ strata::config::train_config base_config(const fs::path& dir) {
 
 struct run_record {
   std::vector<double> losses;
+  std::vector<st::epoch_metrics> epochs;
   st::fit_summary summary;
 };
 
@@ -64,7 +67,7 @@ run_record run(const strata::config::train_config& cfg) {
   const blobs test{.n = 256, .salt = 1};
   st::trainer t(small_model(), cfg, {.print_progress = false});  // cfg: a train_config
   t.on_step([&](const st::step_metrics& m) { r.losses.push_back(m.loss); });
-  t.on_epoch([](const st::epoch_metrics& m) { (void)m.test_accuracy; });
+  t.on_epoch([&](const st::epoch_metrics& m) { r.epochs.push_back(m); });
   // training set, its augmentation, test set, its transform
   r.summary = t.fit(train, sd::identity{}, test, sd::identity{});
   // snippet-end: fit
@@ -138,6 +141,22 @@ TEST_CASE("a run stopped and resumed matches an uninterrupted run bit for bit") 
     CHECK(joined == straight.losses);  // exact equality of every step's loss
     CHECK(second.summary.params_xxh3 == straight.summary.params_xxh3);
     CHECK(second.summary.test_accuracy == straight.summary.test_accuracy);
+    // The epoch rows too: the resumed epoch counts the steps and samples before the stop.
+    std::vector<st::epoch_metrics> rows = first.epochs;
+    rows.insert(rows.end(), second.epochs.begin(), second.epochs.end());
+    REQUIRE(rows.size() == straight.epochs.size());
+    for (std::size_t e = 0; e < rows.size(); ++e) {
+      CAPTURE(e);
+      CHECK(rows[e].epoch == straight.epochs[e].epoch);
+      CHECK(rows[e].steps == straight.epochs[e].steps);
+      CHECK(rows[e].samples == straight.epochs[e].samples);
+      CHECK(rows[e].skipped_steps == straight.epochs[e].skipped_steps);
+      CHECK(rows[e].train_loss == straight.epochs[e].train_loss);
+      CHECK(rows[e].train_accuracy == straight.epochs[e].train_accuracy);
+      CHECK(rows[e].test_loss == straight.epochs[e].test_loss);
+      CHECK(rows[e].test_accuracy == straight.epochs[e].test_accuracy);
+      CHECK(rows[e].seconds > 0.0);
+    }
   }
 }
 
@@ -318,6 +337,69 @@ TEST_CASE("configurations this trainer does not run are refused by key") {
   };
   CHECK_THROWS_WITH_AS(t.fit(wide{}, sd::identity{}, blobs{}, sd::identity{}),
                        doctest::Contains("the model takes 1x1x8"), std::invalid_argument);
+}
+
+TEST_CASE("a launcher's processes: read from its variables, and a trainer that ignores them") {
+  const auto env = [](std::vector<std::pair<std::string, std::string>> vars) {
+    return [vars](const char* name) -> const char* {
+      for (const auto& [key, value] : vars) {
+        if (key == name) {
+          return value.c_str();
+        }
+      }
+      return nullptr;
+    };
+  };
+  CHECK_FALSE(strata::detect_launch(env({})).has_value());
+  const auto ompi =
+      strata::detect_launch(env({{"OMPI_COMM_WORLD_SIZE", "4"}, {"OMPI_COMM_WORLD_RANK", "3"}}));
+  REQUIRE(ompi.has_value());
+  CHECK(ompi->size == 4);
+  CHECK(ompi->rank == 3);
+  CHECK(ompi->variable == "OMPI_COMM_WORLD_SIZE");
+  const auto pmi = strata::detect_launch(env({{"PMI_SIZE", "2"}, {"PMI_RANK", "1"}}));
+  REQUIRE(pmi.has_value());
+  CHECK(pmi->launcher.find("PMI") != std::string::npos);
+  CHECK(pmi->rank == 1);
+  for (const char* bad : {"", "two", "2x", "-1"}) {
+    CHECK_FALSE(strata::detect_launch(env({{"PMI_SIZE", bad}})).has_value());
+  }
+
+  // The trainer reads this process's environment: a made-up launch of 2 processes.
+  REQUIRE(std::getenv("OMPI_COMM_WORLD_SIZE") == nullptr);
+  ::setenv("OMPI_COMM_WORLD_SIZE", "2", 1);
+  ::setenv("OMPI_COMM_WORLD_RANK", "1", 1);
+  const fs::path dir = work_dir("launch");
+  auto cfg = base_config(dir);
+  const std::string alone =
+      config_error_of([&] { st::trainer t(small_model(), cfg, {.print_progress = false}); });
+  CHECK(alone.find("world_size") != std::string::npos);
+  CHECK(alone.find("rank 1 of 2") != std::string::npos);
+  CHECK(alone.find("OMPI_COMM_WORLD_SIZE=2") != std::string::npos);
+  // Nothing written: no run directory.
+  CHECK_FALSE(fs::exists(fs::path(cfg.checkpoint_dir)));
+  // Ranks as threads of each process.
+  cfg.world_size = 2;
+  cfg.batch_size_per_gpu = 32;
+  std::vector<std::string> messages(2);
+  strata::comm::threads::run(2, [&](strata::comm::threads& c) {
+    messages[static_cast<std::size_t>(c.rank())] = config_error_of([&] {
+      st::trainer<decltype(small_model()), strata::parallel::data<>> t(
+          small_model(), cfg, strata::comm::any_comm(c), {.print_progress = false});
+    });
+  });
+  for (const std::string& m : messages) {
+    CHECK(m.find("communication_backend = \"threads\"") != std::string::npos);
+  }
+  // A process that means to train alone says so.
+  cfg = base_config(dir);
+  st::trainer t(small_model(), cfg, {.print_progress = false, .independent_processes = true});
+  ::unsetenv("OMPI_COMM_WORLD_SIZE");
+  ::unsetenv("OMPI_COMM_WORLD_RANK");
+  // One process launched (mpiexec -n 1) is one rank.
+  ::setenv("PMI_SIZE", "1", 1);
+  st::trainer one(small_model(), cfg, {.print_progress = false});
+  ::unsetenv("PMI_SIZE");
 }
 
 TEST_CASE("k micro-batches of B/k accumulate to the step of one batch of B") {
