@@ -58,9 +58,9 @@ std::optional<launch_info> detect_launch(Getenv&& getenv) {
     const char* size;
     const char* rank;
   };
-  for (const known k : {known{"Open MPI's mpiexec", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK"},
-                        known{"a PMI launcher (MPICH or Intel MPI mpiexec)", "PMI_SIZE",
-                              "PMI_RANK"}}) {
+  for (const known k :
+       {known{"Open MPI's mpiexec", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK"},
+        known{"a PMI launcher (MPICH or Intel MPI mpiexec)", "PMI_SIZE", "PMI_RANK"}}) {
     const std::optional<int> size = detail::launch_number(getenv(k.size));
     if (size) {
       return launch_info{.launcher = k.launcher,
