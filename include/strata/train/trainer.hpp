@@ -69,7 +69,6 @@
 #include "strata/config/validate.hpp"
 #include "strata/core/error.hpp"
 #include "strata/core/host.hpp"
-#include "strata/core/launcher.hpp"
 #include "strata/core/policy.hpp"
 #include "strata/core/round.hpp"
 #include "strata/data/concepts.hpp"
@@ -90,8 +89,10 @@
 #include "strata/precision/loss_scaler.hpp"
 #include "strata/precision/mixed.hpp"
 #include "strata/train/checkpoint.hpp"
+#include "strata/train/checkpoint_state.hpp"
 #include "strata/train/compute.hpp"
 #include "strata/train/estimate_memory.hpp"
+#include "strata/train/launch_check.hpp"
 #include "strata/train/metrics.hpp"
 #include "strata/train/progress.hpp"
 #include "strata/train/run.hpp"
@@ -147,103 +148,6 @@ inline std::string xxh3_hex(std::span<const float> values) {
 }
 
 namespace detail {
-
-// The part of an epoch done before a checkpoint in its middle: its running sums, so that a
-// resumed run reports the epoch as an uninterrupted one does (train loss and accuracy over all
-// of its samples, its steps; its seconds include the part before the stop).
-struct epoch_so_far {
-  double loss_sum = 0.0;  // summed over the epoch's samples so far, every rank's
-  std::uint64_t correct = 0;
-  std::uint64_t steps = 0;
-  std::uint64_t samples = 0;
-  std::uint64_t skipped_steps = 0;
-  double seconds = 0.0;
-  double data_seconds = 0.0;
-  double compute_seconds = 0.0;
-  double comm_seconds = 0.0;
-
-  friend bool operator==(const epoch_so_far&, const epoch_so_far&) = default;
-};
-
-inline nlohmann::json to_json(const epoch_so_far& e) {
-  return {{"loss_sum", e.loss_sum},
-          {"correct", e.correct},
-          {"steps", e.steps},
-          {"samples", e.samples},
-          {"skipped_steps", e.skipped_steps},
-          {"seconds", e.seconds},
-          {"data_s", e.data_seconds},
-          {"compute_s", e.compute_seconds},
-          {"comm_s", e.comm_seconds}};
-}
-
-// The sums of a checkpoint's "epoch_so_far" (zeros when it has none: an epoch boundary, or a
-// checkpoint from before it was recorded).
-inline epoch_so_far epoch_so_far_from_json(const nlohmann::json& state) {
-  epoch_so_far e{};
-  if (!state.contains("epoch_so_far")) {
-    return e;
-  }
-  const nlohmann::json& j = state.at("epoch_so_far");
-  e.loss_sum = j.at("loss_sum").get<double>();
-  e.correct = j.at("correct").get<std::uint64_t>();
-  e.steps = j.at("steps").get<std::uint64_t>();
-  e.samples = j.at("samples").get<std::uint64_t>();
-  e.skipped_steps = j.at("skipped_steps").get<std::uint64_t>();
-  e.seconds = j.at("seconds").get<double>();
-  e.data_seconds = j.at("data_s").get<double>();
-  e.compute_seconds = j.at("compute_s").get<double>();
-  e.comm_seconds = j.at("comm_s").get<double>();
-  return e;
-}
-
-// What a checkpoint's state records besides its files (docs/train.md, "Checkpoints").
-struct checkpoint_state_fields {
-  std::uint64_t epoch = 0;       // epochs done
-  std::uint64_t next_batch = 0;  // batches of the next epoch done
-  std::uint64_t step = 0;
-  std::uint64_t samples_per_batch = 0;
-  std::int64_t seed = 0;
-  std::string optimizer_describe{};
-  std::uint64_t optimizer_step_count = 0;
-  nlohmann::json loss_scaler{};
-  std::uint64_t skipped_steps = 0;
-  std::size_t adaptive_micro_batch = 0;
-  std::string_view precision{};
-  int world_size = 1;
-  std::string_view parallel{};
-  std::string params_xxh3{};
-  nlohmann::json run{};
-  std::optional<epoch_so_far> so_far{};  // a checkpoint inside an epoch
-};
-
-// The state JSON of a checkpoint: one function for every trainer type, not one per type.
-inline nlohmann::json checkpoint_state_json(const checkpoint_state_fields& f) {
-  nlohmann::json state{
-      {"epoch", f.epoch},
-      {"next_batch", f.next_batch},
-      {"step", f.step},
-      {"sampler",
-       {{"epoch", f.epoch}, {"position", f.next_batch * f.samples_per_batch}, {"seed", f.seed}}},
-      {"rng",
-       {{"seed", f.seed},
-        {"init", "stream (seed, 0, tensor index, substream 0x1A17)"},
-        {"augmentation", "stream (seed, epoch, sample index)"},
-        {"dropout", "stream (seed, step, sample index, layer)"}}},
-      {"optimizer", {{"describe", f.optimizer_describe}, {"step_count", f.optimizer_step_count}}},
-      {"lr_schedule", {{"step", f.step}}},
-      {"loss_scaler", f.loss_scaler},
-      {"skipped_steps", f.skipped_steps},
-      {"adaptive_micro_batch", f.adaptive_micro_batch},
-      {"precision", std::string(f.precision)},
-      {"layout", {{"world_size", f.world_size}, {"parallel", std::string(f.parallel)}}},
-      {"params_xxh3", f.params_xxh3},
-      {"run", f.run}};
-  if (f.so_far) {
-    state["epoch_so_far"] = to_json(*f.so_far);
-  }
-  return state;
-}
 
 // Throws config_error when `run` may not continue `checkpoint` (key resume, or run_name when the
 // run is named), naming every difference; says in the log when epochs changed.
@@ -301,36 +205,6 @@ struct trainer_kind {
   std::string_view parallel{};
   std::string_view sync{};  // the parallel policy's gradient synchronisation
 };
-
-// Throws config_error when `launch` started several processes and this trainer would not use
-// them: a one-rank trainer (key world_size), or ranks as threads of this process (key
-// communication_backend). Nothing has been written when it throws.
-inline void refuse_launch_mismatch(bool distributed, const config::train_config& cfg,
-                                   const std::optional<launch_info>& launch) {
-  if (!launch || launch->size <= 1) {
-    return;
-  }
-  const std::string where = "this process is rank " + std::to_string(launch->rank) + " of " +
-                            std::to_string(launch->size) + " started by " + launch->launcher +
-                            " (" + launch->variable + "=" + std::to_string(launch->size) + ")";
-  const std::string fix = "; set world_size = " + std::to_string(launch->size) +
-                          " and communication_backend = \"mpi\", or start one process";
-  if (!distributed || cfg.world_size == 1) {
-    throw config_error({.key = "world_size", .file = {}, .line = 0, .column = 0},
-                       where + ", but world_size is " + std::to_string(cfg.world_size) +
-                           ": every process would train alone, into the same checkpoint "
-                           "directory" +
-                           fix);
-  }
-  if (cfg.communication_backend == config::comm_backend_kind::threads) {
-    throw config_error({.key = "communication_backend", .file = {}, .line = 0, .column = 0},
-                       where + ", but communication_backend = \"threads\" runs the " +
-                           std::to_string(cfg.world_size) +
-                           " ranks as threads of each process: every process would train its "
-                           "own copy, into the same checkpoint directory" +
-                           fix);
-  }
-}
 
 // Throws config_error naming the key of a configuration this trainer type does not run: the
 // world size, batch, precision and parallel keys its policies do not match, and the keys of
