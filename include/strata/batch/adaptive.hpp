@@ -33,6 +33,7 @@
 #include <fstream>
 #include <functional>
 #include <limits>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -40,8 +41,10 @@
 #include <utility>
 #include <vector>
 
+#include "strata/batch/concepts.hpp"
 #include "strata/comm/concepts.hpp"
 #include "strata/comm/types.hpp"
+#include "strata/config/train_config.hpp"
 #include "strata/core/dtype.hpp"
 #include "strata/core/error.hpp"
 #include "strata/core/execution_space.hpp"
@@ -51,11 +54,6 @@
 #include "strata/core/policy.hpp"
 
 namespace strata::batch {
-
-struct adaptive {
-  using policy_category = batch_policy_tag;
-  static constexpr std::string_view name = "adaptive";
-};
 
 // ---- memory budget ------------------------------------------------------------------------------
 
@@ -633,5 +631,128 @@ std::size_t agree_micro_batch(Comm& c, std::size_t proposal) {
   c.all_reduce(&mine, &agreed, 1, dtype::int64, comm::reduce_op::min);
   return static_cast<std::size_t>(agreed);
 }
+
+// The policy (batch/concepts.hpp): one loader batch of G = batch_size_per_gpu x
+// gradient_accumulation_steps samples per step, run in micro-batches of the controller's size
+// under memory_budget(); an allocation that fails releases the step's workspace and runs the
+// same samples again in smaller micro-batches from fresh gradients. Then the controller sees the
+// step's peak, the ranks agree on the minimum of their proposals, and the next step takes it.
+class adaptive {
+ public:
+  using policy_category = batch_policy_tag;
+  static constexpr std::string_view name = "adaptive";
+  // The evaluation workspace is not kept: the memory goes back to the training steps.
+  static constexpr bool frees_evaluation_memory = true;
+
+  explicit adaptive(const config::train_config& cfg)
+      : per_rank_(static_cast<std::size_t>(cfg.batch_size_per_gpu)),
+        global_(per_rank_ * static_cast<std::size_t>(cfg.gradient_accumulation_steps)),
+        min_(static_cast<std::size_t>(cfg.adaptive_batch_min)),
+        max_(static_cast<std::size_t>(cfg.adaptive_batch_max)) {}
+  static void check_config(const config::train_config& cfg) {
+    refuse_foreign_keys(cfg, name, {.accumulation = true, .adaptive = true});
+    if (!cfg.adaptive_batch) {
+      throw config_error(
+          {.key = "adaptive_batch", .file = {}, .line = 0, .column = 0},
+          "the trainer's batch policy is batch::adaptive; set adaptive_batch = true");
+    }
+  }
+
+  std::size_t loader_batch() const noexcept { return global_; }
+  std::size_t loader_batches(std::uint64_t) const noexcept { return 1; }
+  std::size_t micro_batch() const noexcept { return last_micro_; }
+
+  // The controller for this fit(). Its first micro-batch is batch_size_per_gpu, or less when
+  // the runner's estimate says that does not fit the budget, or the restored one. It keeps a
+  // reference to the runner, which lives as long as the fit().
+  template <step_runner R>
+  void begin(R& runner) {
+    const std::size_t budget = runner.memory_budget();
+    const std::size_t base = runner.memory().stats().in_use;
+    auto estimate = [&runner](std::size_t m) { return runner.activation_bytes(m); };
+    adaptive_config ac{
+        .global_batch = global_, .min_micro = min_, .max_micro = max_, .initial_micro = 0};
+    const adaptive_controller probe(ac, estimate, budget, base);
+    ac.initial_micro = std::min(probe.micro_batch(), per_rank_);
+    if (next_ != 0) {
+      ac.initial_micro = next_;  // resumed: where the saved run was
+    }
+    ac.initial_micro = std::clamp(ac.initial_micro, ac.min_micro, std::min(global_, ac.max_micro));
+    controller_.emplace(ac, estimate, budget, base);
+    logged_ = 0;
+    log(runner);
+  }
+
+  template <step_runner R>
+  model::loss_result run(R& runner, const samples& b, bool /*last*/) {
+    memory_tracker& tracker = runner.memory();
+    const std::size_t budget = runner.memory_budget();
+    model::loss_result loss{};
+    std::size_t peak = 0;
+    for (;;) {
+      const std::size_t m = controller_->micro_batch();
+      try {
+        const scoped_budget limit(tracker, budget);
+        if (runner.workspace_capacity() != m) {
+          runner.set_workspace(0);
+          runner.set_workspace(m);
+        }
+        tracker.reset_peak();
+        runner.restart();
+        loss = {};
+        std::size_t offset = 0;
+        // The gradients go out once every micro-batch is done (none overlaps): a re-run after
+        // an allocation failure must not find them sent.
+        for (const std::size_t n : adaptive_controller::split(b.size, m)) {
+          const model::loss_result part = runner.micro_step(b.slice(offset, n), false);
+          loss.loss_sum += part.loss_sum;
+          loss.correct += part.correct;
+          offset += n;
+        }
+        peak = tracker.stats().peak;
+        last_micro_ = m;
+        break;
+      } catch (const memory_error& e) {
+        runner.set_workspace(0);
+        controller_->after_oom(runner.step(), e);  // throws when even the smallest failed
+        log(runner);
+      }
+    }
+    const std::size_t proposal = controller_->propose(runner.step(), peak, budget);
+    controller_->apply(runner.step(), runner.agree_min(proposal), peak, budget);
+    next_ = controller_->micro_batch();
+    log(runner);
+    return loss;
+  }
+
+  // The micro-batch the next step starts from (0: none decided yet).
+  nlohmann::json state() const { return {{"micro_batch", next_}}; }
+  void restore(const nlohmann::json& j) {
+    next_ = j.is_object() && j.contains("micro_batch") ? j.at("micro_batch").get<std::size_t>() : 0;
+  }
+
+  // The controller of the current fit() (none before the first).
+  const adaptive_controller* controller() const noexcept {
+    return controller_ ? &*controller_ : nullptr;
+  }
+
+ private:
+  template <class R>
+  void log(R& runner) {
+    const auto& events = controller_->events();
+    for (; logged_ < events.size(); ++logged_) {
+      runner.message("adaptive batch: " + to_string(events[logged_]));
+    }
+  }
+
+  std::size_t per_rank_;
+  std::size_t global_;
+  std::size_t min_;
+  std::size_t max_;
+  std::optional<adaptive_controller> controller_{};
+  std::size_t logged_ = 0;
+  std::size_t next_ = 0;        // the controller's choice for the next step
+  std::size_t last_micro_ = 0;  // the micro-batch of the last step run
+};
 
 }  // namespace strata::batch

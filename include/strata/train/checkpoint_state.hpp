@@ -76,7 +76,8 @@ struct checkpoint_state_fields {
   std::uint64_t optimizer_step_count = 0;
   nlohmann::json loss_scaler{};
   std::uint64_t skipped_steps = 0;
-  std::size_t adaptive_micro_batch = 0;
+  std::string_view batch{};  // the batch policy's name
+  nlohmann::json batch_state{};
   std::string_view precision{};
   int world_size = 1;
   std::string_view parallel{};
@@ -102,7 +103,7 @@ inline nlohmann::json checkpoint_state_json(const checkpoint_state_fields& f) {
       {"lr_schedule", {{"step", f.step}}},
       {"loss_scaler", f.loss_scaler},
       {"skipped_steps", f.skipped_steps},
-      {"adaptive_micro_batch", f.adaptive_micro_batch},
+      {"batch", {{"policy", std::string(f.batch)}, {"state", f.batch_state}}},
       {"precision", std::string(f.precision)},
       {"layout", {{"world_size", f.world_size}, {"parallel", std::string(f.parallel)}}},
       {"params_xxh3", f.params_xxh3},
@@ -111,6 +112,20 @@ inline nlohmann::json checkpoint_state_json(const checkpoint_state_fields& f) {
     state["epoch_so_far"] = to_json(*f.so_far);
   }
   return state;
+}
+
+// What the batch policy saved (batch/concepts.hpp, 5.): null when nothing. A checkpoint written
+// before batch policies kept their own state has batch::adaptive's next micro-batch as
+// "adaptive_micro_batch".
+inline nlohmann::json batch_state_from_json(const nlohmann::json& state) {
+  if (state.contains("batch")) {
+    return state.at("batch").at("state");
+  }
+  if (state.contains("adaptive_micro_batch") &&
+      state.at("adaptive_micro_batch").get<std::size_t>() > 0) {
+    return {{"micro_batch", state.at("adaptive_micro_batch")}};
+  }
+  return nullptr;
 }
 
 }  // namespace strata::train::detail

@@ -10,9 +10,11 @@
 //
 // Policy slots (core/policy.hpp), one per family, in any order; a family not named keeps its
 // default:
-//   batch      batch::fixed (default); batch::accumulate (gradient_accumulation_steps
-//              micro-batches per optimizer step); batch::adaptive (the micro-batch follows a
-//              memory budget, the samples per step stay as configured).
+//   batch      any batch_policy (batch/concepts.hpp): batch::fixed (default);
+//              batch::accumulate (gradient_accumulation_steps micro-batches per optimizer step);
+//              batch::adaptive (the micro-batch follows a memory budget, the samples per step
+//              stay as configured); or the user's own. The policy says how many loader batches
+//              each step takes and runs each through the trainer's step_runner.
 //   precision  precision::fp32 (default); precision::fp16 (float16 with the dynamic loss scaler)
 //              and precision::bf16 (bfloat16), aliases of precision::mixed<T, Scaler>: a 16-bit
 //              compute copy of the parameters, float32 master weights.
@@ -189,8 +191,6 @@ constexpr std::string_view sync_name() {
 // What refuse_unsupported needs to know of a trainer type's policies (one function for all).
 struct trainer_kind {
   bool distributed = false;
-  bool accumulates = false;
-  bool adapts = false;
   bool scaled = false;
   bool mixed = false;
   bool topk = false;
@@ -200,7 +200,6 @@ struct trainer_kind {
   bool bucketed = false;
   dtype compute = dtype::float32;
   dtype wire = dtype::float32;  // compress::cast<T>: T
-  std::string_view batch{};
   std::string_view precision{};
   std::string_view parallel{};
   std::string_view sync{};  // the parallel policy's gradient synchronisation
@@ -225,12 +224,6 @@ inline void refuse_unsupported(const trainer_kind& k, const config::train_config
     refuse("world_size", "this trainer runs one rank (parallel::single_rank); world_size is " +
                              std::to_string(cfg_.world_size) +
                              "; several ranks need strata::parallel::data and a communicator");
-  }
-  if (!k.accumulates && !k.adapts && cfg_.gradient_accumulation_steps != 1) {
-    refuse("gradient_accumulation_steps",
-           "the batch policy is batch::fixed (one micro-batch per step); give the trainer "
-           "strata::batch::accumulate to accumulate " +
-               std::to_string(cfg_.gradient_accumulation_steps) + " micro-batches");
   }
   const config::precision_dtype wanted =
       k.compute == dtype::float16    ? config::precision_dtype::float16
@@ -275,20 +268,6 @@ inline void refuse_unsupported(const trainer_kind& k, const config::train_config
                         " configures a loss scaler; the trainer's precision "
                         "policy " +
                         std::string(k.precision) + " has none (precision::fp16 has one)");
-      }
-    }
-  }
-  if (!k.adapts) {
-    const std::pair<const char*, bool> adaptive_keys[] = {
-        {"memory_budget_mb", cfg_.memory_budget_mb != d.memory_budget_mb},
-        {"adaptive_batch_min", cfg_.adaptive_batch_min != d.adaptive_batch_min},
-        {"adaptive_batch_max", cfg_.adaptive_batch_max != d.adaptive_batch_max}};
-    for (const auto& [key, set] : adaptive_keys) {
-      if (set) {
-        refuse(key, std::string(key) +
-                        " configures batch::adaptive; the trainer's batch "
-                        "policy is " +
-                        std::string(k.batch));
       }
     }
   }
@@ -412,13 +391,6 @@ inline void refuse_unsupported(const trainer_kind& k, const config::train_config
                  std::string(k.parallel) + ", which has none");
     }
   }
-  if (cfg_.adaptive_batch != k.adapts) {
-    refuse("adaptive_batch", k.adapts
-                                 ? std::string("the trainer's batch policy is batch::adaptive; set "
-                                               "adaptive_batch = true")
-                                 : "the trainer's batch policy is " + std::string(k.batch) +
-                                       "; adaptive_batch = true needs strata::batch::adaptive");
-  }
 }
 
 template <class P>
@@ -439,13 +411,7 @@ class trainer {
   using batch_policy = typename policies::template get<batch_policy_tag>;
   using precision_policy = typename policies::template get<precision_policy_tag>;
   using parallel_policy = typename policies::template get<parallel_policy_tag>;
-  static_assert(std::is_same_v<batch_policy, batch::fixed> ||
-                    std::is_same_v<batch_policy, batch::accumulate> ||
-                    std::is_same_v<batch_policy, batch::adaptive>,
-                "trainer: this version runs the batch policies 'batch::fixed', "
-                "'batch::accumulate' and 'batch::adaptive' only");
-  static constexpr bool accumulates = std::is_same_v<batch_policy, batch::accumulate>;
-  static constexpr bool adapts = std::is_same_v<batch_policy, batch::adaptive>;
+  static_assert(batch::check_batch_policy<batch_policy>());
   using precision_traits = precision::precision_traits<precision_policy>;
   static_assert(std::is_same_v<precision_policy, precision::fp32> || precision_traits::is_mixed,
                 "trainer: this version runs the precision policies 'precision::fp32' and "
@@ -485,8 +451,6 @@ class trainer {
   static constexpr bool bucketed = distributed && !topk;
   // The same, as values, for the checks that run alike for every trainer type.
   static constexpr detail::trainer_kind kind{.distributed = distributed,
-                                             .accumulates = accumulates,
-                                             .adapts = adapts,
                                              .scaled = scaled,
                                              .mixed = mixed,
                                              .topk = topk,
@@ -496,7 +460,6 @@ class trainer {
                                              .bucketed = bucketed,
                                              .compute = compute_dtype,
                                              .wire = parallel::wire_dtype<parallel_policy>,
-                                             .batch = batch_policy::name,
                                              .precision = precision_policy::name,
                                              .parallel = parallel_policy::name,
                                              .sync = detail::sync_name<parallel_policy>()};
@@ -524,7 +487,8 @@ class trainer {
         comm_(comm),
         params_(make_store(model_, state_shards(cfg_, comm ? comm->size() : 1))),
         optimizer_(checked_optimizer(cfg_, comm ? comm->size() : 1, comm ? comm->rank() : 0,
-                                     options.independent_processes)) {
+                                     options.independent_processes)),
+        batch_(cfg_) {
     if (model_.output_shape().channels != 1 || model_.output_shape().height != 1) {
       throw std::invalid_argument("trainer: the model's output " +
                                   to_string(model_.output_shape()) +
@@ -684,17 +648,16 @@ class trainer {
          .remainder = cfg_.sampler_remainder == config::sampler_remainder_kind::pad
                           ? data::remainder_policy::pad
                           : data::remainder_policy::drop});
-    // fixed, accumulate: loader batches of batch_size_per_gpu, `accumulation` of them per optimizer
-    // step (the epoch's last step may take fewer). adaptive: one loader batch of
-    // batch_size_per_gpu x gradient_accumulation_steps per step, run in micro-batches the
-    // controller picks.
-    const std::size_t accumulation = adapts ? 1 : accumulation_steps(cfg_);
+    // The batch policy sizes the loader batches and says how many of them each optimizer step
+    // takes (the epoch's last step may take fewer); the schedule and the progress count steps
+    // of the size it gives late in training.
     const std::size_t micro_batch = loader_batch();
     data::prefetch_loader loader(train_view, augment, std::move(sampler), loader_settings(false));
     const std::size_t samples_per_rank = loader.sampler().samples_per_rank();
     const std::size_t micro_batches_per_epoch = loader.batches_per_epoch();
-    const std::uint64_t steps_per_epoch =
-        (micro_batches_per_epoch + accumulation - 1) / accumulation;
+    const std::size_t steady =
+        std::max<std::size_t>(1, batch_.loader_batches(std::numeric_limits<std::uint64_t>::max()));
+    const std::uint64_t steps_per_epoch = (micro_batches_per_epoch + steady - 1) / steady;
     if (steps_per_epoch == 0) {
       throw config_error({.key = "batch_size_per_gpu", .file = {}, .line = 0, .column = 0},
                          "the training set's " + std::to_string(train_view.size()) +
@@ -751,11 +714,6 @@ class trainer {
 
     const std::size_t classes = model_.output_shape().elements();
     buffer<float> grad_logits(micro_batch * classes);
-    std::optional<batch::adaptive_controller> controller;
-    if constexpr (adapts) {
-      controller.emplace(make_controller(micro_batch));
-      log_adaptive(*controller, bar);
-    }
     std::optional<comm::hierarchy<comm::any_comm>> groups;
     if constexpr (hierarchical) {
       // Collective: local groups of hierarchy_group_size consecutive ranks, and the ranks of
@@ -795,8 +753,8 @@ class trainer {
                                            sharded ? shard_size() : 0, blocking_buckets());
       }
     }
-    auto work = adapts ? typename Model::workspace_type{}
-                       : training_workspace(static_cast<std::size_t>(cfg_.batch_size_per_gpu));
+    step_runner runner(*this, grad_logits, classes, in_buckets ? &reducer : nullptr, bar);
+    batch_.begin(runner);
     double train_seconds = 0.0;
     std::size_t train_samples = 0;
     const std::uint64_t start_step = step_;
@@ -824,16 +782,19 @@ class trainer {
       const auto epoch_begin = clock::now();
       bool stop = false;
       while (loader.next_batch() < micro_batches_per_epoch) {
-        // One optimizer step: up to `accumulation` micro-batches, gradients summed, each scaled
-        // by 1 / (samples of the whole step) so that the step's gradient is their mean.
+        // One optimizer step: the loader batches the batch policy asks for, gradients summed,
+        // each scaled by 1 / (samples of the whole step) so that the step's gradient is their
+        // mean.
         const std::size_t first = loader.next_batch();
         const std::size_t micro =
-            std::min<std::size_t>(accumulation, micro_batches_per_epoch - first);
+            std::min<std::size_t>(std::max<std::size_t>(1, batch_.loader_batches(step_)),
+                                  micro_batches_per_epoch - first);
         const std::size_t step_samples =
             std::min(samples_per_rank, (first + micro) * micro_batch) - first * micro_batch;
         const double lr = schedule.lr(step_);
         const double scale = loss_scale();
         begin_step();
+        runner.begin_step(static_cast<float>(scale / static_cast<double>(step_samples)));
         model::loss_result loss{};
         double data_seconds = 0.0;
         double compute = 0.0;
@@ -841,16 +802,10 @@ class trainer {
           auto b = loader.next();
           const auto compute_begin = clock::now();
           data_seconds += b->wait_seconds;
-          const float grad_scale = static_cast<float>(scale / static_cast<double>(step_samples));
-          model::loss_result part{};
-          if constexpr (adapts) {
-            part = adaptive_step(*b, work, grad_logits, classes, grad_scale, *controller, bar);
-          } else {
-            // Only the step's last micro-batch communicates, overlapped with its backward.
-            const bool last = m + 1 == micro;
-            part = micro_step(*b, work, grad_logits, classes, grad_scale,
-                              in_buckets && last ? &reducer : nullptr);
-          }
+          const model::loss_result part = batch_.run(
+              runner,
+              {.inputs = b->inputs, .labels = b->labels, .indices = b->indices, .size = b->size},
+              m + 1 == micro);
           loss.loss_sum += part.loss_sum;
           loss.correct += part.correct;
           compute += seconds_since(compute_begin);
@@ -862,9 +817,10 @@ class trainer {
           double blocked_in_backward = 0.0;
           // The buckets: those backward has not started yet start now; wait for all.
           const auto finish_buckets = [&] {
-            if constexpr (adapts) {
-              // The adaptive step may re-run micro-batches after an allocation failure, so its
-              // gradients go out only once all of them are done.
+            if (!runner.overlapped()) {
+              // No backward started the buckets (the batch policy ran none with last = true,
+              // as batch::adaptive, whose re-runs after an allocation failure must not find
+              // them sent): they all go out now.
               reducer.begin(compute_params().grads());
             }
             // Buckets reduced by blocking calls inside backward: their time is communication,
@@ -965,7 +921,7 @@ class trainer {
         const auto samples = static_cast<double>(global_samples);
         step_metrics sm{.epoch = epoch,
                         .step = step_,
-                        .epoch_step = first / accumulation,
+                        .epoch_step = em.steps,
                         .samples = global_samples,
                         .loss = loss.loss_sum / samples,
                         .accuracy = static_cast<double>(loss.correct) / samples,
@@ -977,7 +933,7 @@ class trainer {
                         .peak_bytes = host{}.memory().stats().peak,
                         .skipped = !applied,
                         .loss_scale = scale,
-                        .micro_batch = adapts ? last_micro_batch_ : micro_batch};
+                        .micro_batch = batch_.micro_batch()};
         ++step_;
         loss_sum += loss.loss_sum;
         correct += loss.correct;
@@ -1103,9 +1059,8 @@ class trainer {
       correct += r.correct;
       out.samples += b->size;
     }
-    if constexpr (adapts) {
-      // The evaluation workspace is not kept: the memory goes back to the training steps.
-      eval_work_ = typename Model::workspace_type{};
+    if constexpr (batch_policy::frees_evaluation_memory) {
+      eval_work_ = typename Model::workspace_type{};  // the memory goes back to training
     }
     if (out.samples > 0) {
       out.loss = loss_sum / static_cast<double>(out.samples);
@@ -1167,11 +1122,8 @@ class trainer {
     return s;
   }
 
-  // Samples per training loader batch: one micro-batch, or (adaptive) one whole step.
-  std::size_t loader_batch() const {
-    const auto b = static_cast<std::size_t>(cfg_.batch_size_per_gpu);
-    return adapts ? b * static_cast<std::size_t>(cfg_.gradient_accumulation_steps) : b;
-  }
+  // Samples per training loader batch, as the batch policy cuts them.
+  std::size_t loader_batch() const { return batch_.loader_batch(); }
 
   data::loader_config loader_settings(bool eval) const {
     return {.batch_size = eval ? options_.eval_batch : loader_batch(),
@@ -1191,10 +1143,6 @@ class trainer {
                                   to_string(out) + " after the transform, the model takes " +
                                   to_string(model_.input_shape()));
     }
-  }
-
-  static std::size_t accumulation_steps(const config::train_config& c) {
-    return accumulates ? static_cast<std::size_t>(c.gradient_accumulation_steps) : 1;
   }
 
   // The training workspace, with activation checkpointing when the model offers it.
@@ -1217,6 +1165,7 @@ class trainer {
                                                 int rank, bool independent_processes) {
     config::validate(cfg_);
     refuse_unsupported(cfg_, world, rank);
+    batch_policy::check_config(cfg_);
     if (!independent_processes) {
       detail::refuse_launch_mismatch(distributed, cfg_, detect_launch());
     }
@@ -1227,109 +1176,98 @@ class trainer {
     detail::refuse_unsupported(kind, cfg, world, rank);
   }
 
-  // A run of samples of one loader batch.
-  struct batch_slice {
-    std::span<const float> inputs{};
-    std::span<const std::int32_t> labels{};
-    std::span<const std::size_t> indices{};
-    std::size_t size = 0;
-  };
+  using workspace = typename Model::workspace_type;
 
-  // The controller of batch::adaptive for steps of `global` samples. Its first micro-batch is
-  // batch_size_per_gpu, or less when estimate_memory says that does not fit the budget.
-  batch::adaptive_controller make_controller(std::size_t global) const {
-    const std::size_t budget = memory_budget();
-    const std::size_t base = host{}.memory().stats().in_use;
-    const estimate_options options{
-        .optimizer_state_per_parameter = optimizer_.state_per_parameter(),
-        .checkpoint_every = static_cast<std::size_t>(cfg_.activation_checkpoint_every),
-        .layout = memory_layout::host};
-    auto estimate = [this, options](std::size_t m) {
-      return estimate_memory<precision_policy>(model_, m, options).activations;
-    };
-    batch::adaptive_config ac{.global_batch = global,
-                              .min_micro = static_cast<std::size_t>(cfg_.adaptive_batch_min),
-                              .max_micro = static_cast<std::size_t>(cfg_.adaptive_batch_max),
-                              .initial_micro = 0};
-    const batch::adaptive_controller probe(ac, estimate, budget, base);
-    ac.initial_micro =
-        std::min(probe.micro_batch(), static_cast<std::size_t>(cfg_.batch_size_per_gpu));
-    if (adaptive_micro_batch_ != 0) {
-      ac.initial_micro = adaptive_micro_batch_;  // resumed: where the saved run was
+  // The trainer's side of a step as the batch policy sees it (batch::step_runner,
+  // batch/concepts.hpp): one per fit(), holding the training workspace. It refuses what the
+  // contract rules out: a micro-step after the step's last one, more samples than a loader batch.
+  class step_runner {
+   public:
+    step_runner(trainer& t, buffer<float>& grad_logits, std::size_t classes,
+                parallel::bucket_reducer* reducer, progress& bar)
+        : t_(t), grad_logits_(grad_logits), classes_(classes), reducer_(reducer), bar_(bar) {}
+
+    // Before a step's first micro-step: the scale of its gradients (loss scale / samples).
+    void begin_step(float grad_scale) noexcept {
+      grad_scale_ = grad_scale;
+      ended_ = false;
+      overlapped_ = false;
     }
-    ac.initial_micro = std::clamp(ac.initial_micro, ac.min_micro, std::min(global, ac.max_micro));
-    return batch::adaptive_controller(ac, estimate, budget, base);
-  }
+    // Whether the step's last backward started the gradient buckets.
+    bool overlapped() const noexcept { return overlapped_; }
 
-  // Prints the controller's events not yet printed.
-  void log_adaptive(const batch::adaptive_controller& c, progress& bar) {
-    const auto& events = c.events();
-    for (; adaptive_logged_ < events.size(); ++adaptive_logged_) {
-      bar.message("adaptive batch: " + batch::to_string(events[adaptive_logged_]));
+    model::loss_result micro_step(const batch::samples& b, bool last) {
+      if (ended_) {
+        throw error("batch policy " + std::string(batch_policy::name) +
+                    ": a micro-step after the step's last one (last = true) at step " +
+                    std::to_string(t_.step_));
+      }
+      if (b.size * classes_ > grad_logits_.size()) {
+        throw std::invalid_argument("batch policy " + std::string(batch_policy::name) +
+                                    ": a micro-step of " + std::to_string(b.size) +
+                                    " samples, more than a loader batch");
+      }
+      if (work_.capacity() < b.size) {
+        set_workspace(b.size);
+      }
+      ended_ = last;
+      overlapped_ = last && reducer_ != nullptr;
+      return t_.micro_step(b, work_, grad_logits_, classes_, grad_scale_,
+                           overlapped_ ? reducer_ : nullptr);
     }
-  }
-
-  // One optimizer step of batch::adaptive: the loader batch `b` in micro-batches of the
-  // controller's size, under the memory budget. An allocation that fails releases the step's
-  // workspace and runs the same samples again in smaller micro-batches from fresh gradients.
-  // Then the controller sees the step's peak and picks the next micro-batch.
-  template <class Batch, class Workspace>
-  model::loss_result adaptive_step(const Batch& b, Workspace& work, buffer<float>& grad_logits,
-                                   std::size_t classes, float grad_scale,
-                                   batch::adaptive_controller& controller, progress& bar) {
-    memory_tracker& tracker = host{}.memory();
-    const std::size_t budget = memory_budget();
-    const std::size_t in = model_.input_shape().elements();
-    model::loss_result loss{};
-    std::size_t peak = 0;
-    for (;;) {
-      const std::size_t m = controller.micro_batch();
-      try {
-        const scoped_budget limit(tracker, budget);
-        if (work.capacity() != m) {
-          work = Workspace{};
-          work = training_workspace(m);
-        }
-        tracker.reset_peak();
-        compute_params().zero_grads();
-        loss = {};
-        std::size_t offset = 0;
-        for (const std::size_t n : batch::adaptive_controller::split(b.size, m)) {
-          const batch_slice slice{.inputs = b.inputs.subspan(offset * in, n * in),
-                                  .labels = b.labels.subspan(offset, n),
-                                  .indices = b.indices.subspan(offset, n),
-                                  .size = n};
-          const model::loss_result part = micro_step(slice, work, grad_logits, classes, grad_scale);
-          loss.loss_sum += part.loss_sum;
-          loss.correct += part.correct;
-          offset += n;
-        }
-        peak = tracker.stats().peak;
-        last_micro_batch_ = m;
-        break;
-      } catch (const memory_error& e) {
-        work = Workspace{};
-        controller.after_oom(step_, e);  // throws when even the smallest micro-batch failed
-        log_adaptive(controller, bar);
+    void restart() {
+      if (ended_) {
+        throw error("batch policy " + std::string(batch_policy::name) +
+                    ": restart() after the step's last micro-step at step " +
+                    std::to_string(t_.step_));
+      }
+      t_.compute_params().zero_grads();
+    }
+    void set_workspace(std::size_t samples) {
+      work_ = workspace{};
+      if (samples > 0) {
+        work_ = t_.training_workspace(samples);
       }
     }
-    // One rank: its proposal is the decision. A data-parallel policy agrees on the minimum
-    // over its ranks first (batch::agree_micro_batch).
-    std::size_t proposal = controller.propose(step_, peak, budget);
-    if constexpr (distributed) {
-      proposal = batch::agree_micro_batch(*comm_, proposal);
+    std::size_t workspace_capacity() const { return work_.capacity(); }
+    std::uint64_t step() const { return t_.step_; }
+    std::size_t memory_budget() const { return t_.memory_budget(); }
+    memory_tracker& memory() { return host{}.memory(); }
+    std::size_t activation_bytes(std::size_t micro) const {
+      const estimate_options options{
+          .optimizer_state_per_parameter = t_.optimizer_.state_per_parameter(),
+          .checkpoint_every = static_cast<std::size_t>(t_.cfg_.activation_checkpoint_every),
+          .layout = memory_layout::host};
+      return estimate_memory<precision_policy>(t_.model_, micro, options).activations;
     }
-    controller.apply(step_, proposal, peak, budget);
-    adaptive_micro_batch_ = controller.micro_batch();
-    log_adaptive(controller, bar);
-    return loss;
-  }
+    // The minimum over the ranks that step together (one all_reduce of an int64).
+    std::size_t agree_min(std::size_t value) {
+      if (!t_.comm_) {
+        return value;
+      }
+      const auto mine = static_cast<std::int64_t>(value);
+      std::int64_t agreed = 0;
+      t_.comm_->all_reduce(&mine, &agreed, 1, dtype::int64, comm::reduce_op::min);
+      return static_cast<std::size_t>(agreed);
+    }
+    void message(std::string line) { bar_.message(line); }
+
+   private:
+    trainer& t_;
+    buffer<float>& grad_logits_;
+    std::size_t classes_;
+    parallel::bucket_reducer* reducer_;
+    progress& bar_;
+    workspace work_{};
+    float grad_scale_ = 1.0f;
+    bool ended_ = false;
+    bool overlapped_ = false;
+  };
 
   // Forward, loss and backward of one micro-batch, adding its gradients (scaled by grad_scale)
   // into the param_store.
-  template <class Batch, class Workspace>
-  model::loss_result micro_step(const Batch& b, Workspace& work, buffer<float>& grad_logits,
-                                std::size_t classes, float grad_scale,
+  model::loss_result micro_step(const batch::samples& b, workspace& work,
+                                buffer<float>& grad_logits, std::size_t classes, float grad_scale,
                                 parallel::bucket_reducer* reducer = nullptr) {
     static_assert(std::is_same_v<std::size_t, std::uint64_t>,
                   "trainer: sample ids are passed as dataset indices (size_t == uint64_t)");
@@ -1813,7 +1751,8 @@ class trainer {
          .optimizer_step_count = optimizer_.step_count(),
          .loss_scaler = scaler_json(),
          .skipped_steps = skipped_steps_,
-         .adaptive_micro_batch = adaptive_micro_batch_,
+         .batch = batch_policy::name,
+         .batch_state = batch_.state(),
          .precision = precision_policy::name,
          .world_size = world_size(),
          .parallel = parallel_policy::name,
@@ -1930,8 +1869,7 @@ class trainer {
       scaler_->restore(precision::loss_scaler_state_from_json(s.at("loss_scaler")));
     }
     skipped_steps_ = s.contains("skipped_steps") ? s.at("skipped_steps").get<std::uint64_t>() : 0;
-    adaptive_micro_batch_ =
-        s.contains("adaptive_micro_batch") ? s.at("adaptive_micro_batch").get<std::size_t>() : 0;
+    batch_.restore(detail::batch_state_from_json(s));
     resumed_so_far_ = detail::epoch_so_far_from_json(s);
     resume_point point{.epoch = s.at("epoch").get<std::uint64_t>(),
                        .next_batch = s.at("next_batch").get<std::uint64_t>(),
@@ -1947,6 +1885,7 @@ class trainer {
   std::optional<comm::any_comm> comm_{};  // parallel::data: this rank's communicator
   model::param_store params_;
   optim::any_optimizer optimizer_;
+  batch_policy batch_;  // how a step's samples are cut into micro-batches
   buffer<float> state_{};
   model::softmax_cross_entropy loss_{};
   typename Model::workspace_type eval_work_{};
@@ -1960,11 +1899,8 @@ class trainer {
   model::param_store compute_{};  // mixed: the compute copy the model runs on
   std::optional<typename detail::scaler_of<precision_policy>::type> scaler_{};
   std::uint64_t skipped_steps_ = 0;
-  std::size_t adaptive_logged_ = 0;
-  std::size_t adaptive_micro_batch_ = 0;  // the controller's choice for the next step; 0 = none yet
   detail::epoch_so_far resumed_so_far_{};  // the resumed checkpoint's part of its epoch
   std::uint64_t nonfinite_in_a_row_ = 0;
-  std::size_t last_micro_batch_ = 0;
   std::optional<parallel::ps_exchange> ps_{};        // parallel::data<parameter_server>
   std::optional<parallel::topk_compressor> topk_{};  // compress::topk: the residual
   std::vector<float> residual_backup_{};
