@@ -100,9 +100,8 @@ memory_estimate estimate_memory(const Model& model, std::size_t batch,
                                 const estimate_options& options = {}) {
   using precision_policy = typename policy_set<type_list<precision::fp32>,
                                                Policies...>::template get<precision_policy_tag>;
-  using traits = precision::precision_traits<precision_policy>;
-  static_assert(std::is_same_v<precision_policy, precision::fp32> || traits::is_mixed,
-                "estimate_memory: the precision policy is precision::fp32 or precision::mixed");
+  static_assert(precision::check_precision_policy<precision_policy>());
+  constexpr bool copy = precision_policy::has_compute_copy;
   // The parameter count as param_store lays it out: each layer's group starts on 64 bytes.
   std::size_t count = 0;
   if constexpr (requires { model.parameter_groups(); }) {
@@ -120,14 +119,15 @@ memory_estimate estimate_memory(const Model& model, std::size_t batch,
     count = (count + shards * 16 - 1) / (shards * 16) * (shards * 16);
   }
   const bool device = options.layout == memory_layout::device;
-  const std::size_t compute_size = traits::is_mixed && device ? 2 : 4;
+  const std::size_t compute_size =
+      device ? size_of(precision_policy::compute_dtype) : sizeof(float);
   const std::size_t floats = count * sizeof(float);
   using detail::allocated_bytes;
   memory_estimate e;
   e.parameter_count = count;
   e.parameters = allocated_bytes(count * compute_size);
   e.gradients = allocated_bytes(count * compute_size);
-  if constexpr (traits::is_mixed) {
+  if constexpr (copy) {
     e.gradients += allocated_bytes(floats);
     e.master_weights = allocated_bytes(floats);
   }

@@ -15,9 +15,12 @@
 //              batch::adaptive (the micro-batch follows a memory budget, the samples per step
 //              stay as configured); or the user's own. The policy says how many loader batches
 //              each step takes and runs each through the trainer's step_runner.
-//   precision  precision::fp32 (default); precision::fp16 (float16 with the dynamic loss scaler)
-//              and precision::bf16 (bfloat16), aliases of precision::mixed<T, Scaler>: a 16-bit
-//              compute copy of the parameters, float32 master weights.
+//   precision  any precision_policy (precision/concepts.hpp): precision::fp32 (default);
+//              precision::fp16 (float16 with the dynamic loss scaler) and precision::bf16
+//              (bfloat16), aliases of precision::mixed<T, Scaler>: a 16-bit compute copy of the
+//              parameters, float32 master weights; or the user's own. The policy holds the
+//              parameters forward sees, stores the gradients, and decides each step by a vote
+//              of the ranks.
 //   parallel   parallel::single_rank (default); parallel::data<Sync, Compressor>: all_reduce or
 //              hierarchical (optionally compress::cast<float16 | bfloat16>), all_gather with
 //              compress::topk, parameter_server (optionally compress::topk); parallel::zero1
@@ -191,16 +194,12 @@ constexpr std::string_view sync_name() {
 // What refuse_unsupported needs to know of a trainer type's policies (one function for all).
 struct trainer_kind {
   bool distributed = false;
-  bool scaled = false;
-  bool mixed = false;
   bool topk = false;
   bool ps = false;
   bool hierarchical = false;
   bool sharded = false;
   bool bucketed = false;
-  dtype compute = dtype::float32;
   dtype wire = dtype::float32;  // compress::cast<T>: T
-  std::string_view precision{};
   std::string_view parallel{};
   std::string_view sync{};  // the parallel policy's gradient synchronisation
 };
@@ -225,21 +224,6 @@ inline void refuse_unsupported(const trainer_kind& k, const config::train_config
                              std::to_string(cfg_.world_size) +
                              "; several ranks need strata::parallel::data and a communicator");
   }
-  const config::precision_dtype wanted =
-      k.compute == dtype::float16    ? config::precision_dtype::float16
-      : k.compute == dtype::bfloat16 ? config::precision_dtype::bfloat16
-                                     : config::precision_dtype::float32;
-  if (cfg_.mixed_precision_dtype != wanted) {
-    refuse(
-        "mixed_precision_dtype",
-        "the trainer's precision policy is " + std::string(k.precision) + ", which computes in " +
-            std::string(config::enum_names<config::precision_dtype>::names[static_cast<std::size_t>(
-                wanted)]) +
-            "; give the trainer the policy for " +
-            std::string(config::enum_names<config::precision_dtype>::names[static_cast<std::size_t>(
-                cfg_.mixed_precision_dtype)]) +
-            " (precision::fp32, precision::fp16, precision::bf16)");
-  }
   // The config allows 1.0 for these; the update rules divide by (1 - value) or never decay.
   if (cfg_.optimizer == config::optimizer_kind::sgd && cfg_.momentum >= 1.0) {
     refuse("momentum", "SGD momentum must be below 1, got " + std::to_string(cfg_.momentum));
@@ -250,27 +234,6 @@ inline void refuse_unsupported(const trainer_kind& k, const config::train_config
   }
   // Keys of policies this trainer does not run are refused when set, not ignored.
   const config::train_config d{};
-  if (!k.scaled) {
-    const std::pair<const char*, bool> scaler_keys[] = {
-        {"loss_scale_initial", cfg_.loss_scale_initial != d.loss_scale_initial},
-        {"loss_scale_growth_factor", cfg_.loss_scale_growth_factor != d.loss_scale_growth_factor},
-        {"loss_scale_backoff_factor",
-         cfg_.loss_scale_backoff_factor != d.loss_scale_backoff_factor},
-        {"loss_scale_growth_interval",
-         cfg_.loss_scale_growth_interval != d.loss_scale_growth_interval},
-        {"loss_scale_hysteresis", cfg_.loss_scale_hysteresis != d.loss_scale_hysteresis},
-        {"loss_scale_min", cfg_.loss_scale_min != d.loss_scale_min},
-        // Mixed precision without a scaler still aborts after this many non-finite steps.
-        {"loss_scale_max_skips", !k.mixed && cfg_.loss_scale_max_skips != d.loss_scale_max_skips}};
-    for (const auto& [key, set] : scaler_keys) {
-      if (set) {
-        refuse(key, std::string(key) +
-                        " configures a loss scaler; the trainer's precision "
-                        "policy " +
-                        std::string(k.precision) + " has none (precision::fp16 has one)");
-      }
-    }
-  }
   // Gradient synchronisation and compression must be the parallel policy's.
   {
     std::string sync = "all_reduce";
@@ -393,14 +356,6 @@ inline void refuse_unsupported(const trainer_kind& k, const config::train_config
   }
 }
 
-template <class P>
-struct scaler_of {
-  using type = precision::no_loss_scaler;
-};
-template <class T, class S>
-struct scaler_of<precision::mixed<T, S>> {
-  using type = S;
-};
 }  // namespace detail
 
 template <class Model, class... Policies>
@@ -412,13 +367,8 @@ class trainer {
   using precision_policy = typename policies::template get<precision_policy_tag>;
   using parallel_policy = typename policies::template get<parallel_policy_tag>;
   static_assert(batch::check_batch_policy<batch_policy>());
-  using precision_traits = precision::precision_traits<precision_policy>;
-  static_assert(std::is_same_v<precision_policy, precision::fp32> || precision_traits::is_mixed,
-                "trainer: this version runs the precision policies 'precision::fp32' and "
-                "'precision::mixed<T, Scaler>' only");
-  static constexpr bool mixed = precision_traits::is_mixed;
-  static constexpr bool scaled = precision_traits::has_scaler;
-  static constexpr dtype compute_dtype = precision_traits::compute_dtype;
+  static_assert(precision::check_precision_policy<precision_policy>());
+  static constexpr dtype compute_dtype = precision_policy::compute_dtype;
   static_assert(std::is_same_v<parallel_policy, parallel::single_rank> ||
                     parallel::is_data_parallel<parallel_policy>,
                 "trainer: this version runs the parallel policies 'parallel::single_rank' and "
@@ -451,16 +401,12 @@ class trainer {
   static constexpr bool bucketed = distributed && !topk;
   // The same, as values, for the checks that run alike for every trainer type.
   static constexpr detail::trainer_kind kind{.distributed = distributed,
-                                             .scaled = scaled,
-                                             .mixed = mixed,
                                              .topk = topk,
                                              .ps = ps,
                                              .hierarchical = hierarchical,
                                              .sharded = sharded,
                                              .bucketed = bucketed,
-                                             .compute = compute_dtype,
                                              .wire = parallel::wire_dtype<parallel_policy>,
-                                             .precision = precision_policy::name,
                                              .parallel = parallel_policy::name,
                                              .sync = detail::sync_name<parallel_policy>()};
 
@@ -488,7 +434,8 @@ class trainer {
         params_(make_store(model_, state_shards(cfg_, comm ? comm->size() : 1))),
         optimizer_(checked_optimizer(cfg_, comm ? comm->size() : 1, comm ? comm->rank() : 0,
                                      options.independent_processes)),
-        batch_(cfg_) {
+        batch_(cfg_),
+        precision_(cfg_) {
     if (model_.output_shape().channels != 1 || model_.output_shape().height != 1) {
       throw std::invalid_argument("trainer: the model's output " +
                                   to_string(model_.output_shape()) +
@@ -498,7 +445,8 @@ class trainer {
     run_ = make_run_identity(
         cfg_, params_, to_string(model_.input_shape()) + " -> " + to_string(model_.output_shape()),
         std::string(batch_policy::name) + ", " + std::string(precision_policy::name) +
-            (scaled ? " with a loss scaler" : "") + ", " + std::string(parallel_policy::name));
+            (precision_policy::scales_loss ? " with a loss scaler" : "") + ", " +
+            std::string(parallel_policy::name));
     // The GEMM's provider and threads, for the whole process (every rank of comm::threads sets
     // the same before the collective broadcast below).
     gemm_ = detail::choose_gemm(cfg_);
@@ -516,12 +464,7 @@ class trainer {
     }
     state_ = buffer<float>(shard_size() * optimizer_.state_per_parameter(),
                            {.alignment = 64, .zero_fill = true});
-    if constexpr (mixed) {
-      compute_ = make_store(model_, state_shards(cfg_, world_size()));
-    }
-    if constexpr (scaled) {
-      scaler_.emplace(scaler_config(cfg_));
-    }
+    precision_.prepare([&] { return make_store(model_, state_shards(cfg_, world_size())); });
     if constexpr (distributed) {
       comm_->broadcast(params_.values().data(), params_.size(), dtype::float32, 0);
     }
@@ -603,13 +546,7 @@ class trainer {
   }
 
   // Mixed precision: the loss scale now (1 without a scaler) and the steps skipped so far.
-  double loss_scale() const noexcept {
-    if constexpr (scaled) {
-      return scaler_->scale();
-    } else {
-      return 1.0;
-    }
-  }
+  double loss_scale() const noexcept { return precision_.loss_scale(); }
   std::uint64_t skipped_steps() const noexcept { return skipped_steps_; }
 
   // An asynchronous parameter server: the most steps a worker was let lead the slowest by (at
@@ -848,10 +785,8 @@ class trainer {
             // Parameter server: each server's shard of the gradients becomes the average.
             // All-gather of top-k: every rank's gradients become the average.
             const std::span<float> grads = compute_params().grads();
-            if constexpr (mixed) {
-              round_through(grads, compute_dtype);
-            }
-            if constexpr (topk && mixed) {
+            precision_.store(grads);
+            if constexpr (topk && precision_policy::skips_steps) {
               // A skipped step must not consume the residual: kept to put back.
               const std::span<const float> r = std::as_const(*topk_).residual();
               residual_backup_.assign(r.begin(), r.end());
@@ -862,9 +797,8 @@ class trainer {
                 // Dedicated servers see only the average: the workers decide first whether the
                 // step applies, and tell the servers what to do.
                 bool finite = true;
-                if constexpr (mixed) {
-                  finite = std::all_of(grads.begin(), grads.end(),
-                                       [](float g) { return std::isfinite(g); });
+                if constexpr (precision_policy::skips_steps) {
+                  finite = precision_.finite(grads);
                   if (!async_) {
                     finite = !precision::any_rank_overflowed(*comm_, !finite);
                   }
@@ -894,9 +828,7 @@ class trainer {
               }
             }
           }
-          if constexpr (mixed) {
-            round_through(compute_params().grads(), compute_dtype);  // the average, stored in T
-          }
+          precision_.store(compute_params().grads());  // the average, stored in T
           // The step's loss, accuracy and samples over every rank.
           // (Asynchronous parameter server: this worker's own, the workers do not wait for
           // each other.)
@@ -912,7 +844,7 @@ class trainer {
         }
         const auto update_begin = clock::now();
         const bool applied = finish_step(lr);
-        if constexpr (topk && mixed) {
+        if constexpr (topk && precision_policy::skips_steps) {
           if (!applied) {
             std::copy(residual_backup_.begin(), residual_backup_.end(), topk_->residual().begin());
           }
@@ -1166,6 +1098,7 @@ class trainer {
     config::validate(cfg_);
     refuse_unsupported(cfg_, world, rank);
     batch_policy::check_config(cfg_);
+    precision_policy::check_config(cfg_);
     if (!independent_processes) {
       detail::refuse_launch_mismatch(distributed, cfg_, detect_launch());
     }
@@ -1308,32 +1241,15 @@ class trainer {
       return loss;
     }
     model_.backward(work, p, grad);
-    if constexpr (mixed) {
-      // The gradients are stored in the compute type: accumulation over micro-steps rounds
-      // there, and a float16 gradient beyond 65504 becomes inf.
-      round_through(p.grads(), compute_dtype);
-    }
+    precision_.store(p.grads());  // as the compute type holds them
     return loss;
   }
 
   // The parameters the model runs on: the master copy in fp32, the compute copy when mixed.
-  model::param_store& compute_params() noexcept {
-    if constexpr (mixed) {
-      return compute_;
-    } else {
-      return params_;
-    }
-  }
+  model::param_store& compute_params() noexcept { return precision_.compute(params_); }
 
   // Mixed: the compute copy takes the master values rounded through the compute type.
-  void cast_to_compute() {
-    if constexpr (mixed) {
-      const std::span<const float> master = std::as_const(params_).values();
-      const std::span<float> copy = compute_.values();
-      std::copy(master.begin(), master.end(), copy.begin());
-      round_through(copy, compute_dtype);
-    }
-  }
+  void cast_to_compute() { precision_.refresh(params_); }
 
   // Before a step's first micro-step: fresh gradients (and the compute copy when mixed).
   void begin_step() {
@@ -1348,64 +1264,30 @@ class trainer {
     for (auto& f : gradient_callbacks_) {
       f(step_, compute_params().grads());
     }
-    if constexpr (mixed) {
-      // With sharded state only this rank's shard of the gradients is reduced and used.
-      const std::span<const float> from =
-          std::as_const(compute_).grads().subspan(shard_begin(), shard_size());
-      const std::span<float> to = params_.grads().subspan(shard_begin(), shard_size());
-      std::copy(from.begin(), from.end(), to.begin());
-      // One rank here; a data-parallel policy reduces `finite` with a max over every rank that
-      // holds parameters before this decision, so that every rank skips together.
-      bool finite = precision::unscale_and_check(to, loss_scale());
-      if constexpr (distributed) {
-        if (!async_) {  // asynchronous workers decide alone (pending_finite_ below)
-          finite = !precision::any_rank_overflowed(*comm_, !finite);
-        }
+    // With sharded state only this rank's shard of the gradients is reduced and used. The
+    // precision policy decides; every rank that holds parameters votes alike (dedicated
+    // parameter servers: the workers decided before the push; asynchronous workers alone).
+    const std::span<const float> from =
+        std::as_const(compute_params()).grads().subspan(shard_begin(), shard_size());
+    const std::span<float> to = params_.grads().subspan(shard_begin(), shard_size());
+    const bool apply = precision_.finish(step_, from, to, [this](bool local_nonfinite) {
+      if (dedicated_) {
+        return !pending_finite_;
       }
-      if constexpr (ps) {
-        if (dedicated_) {
-          finite = pending_finite_;  // decided before the push (the servers hold no gradients)
-        }
+      if (comm_) {
+        return precision::any_rank_overflowed(*comm_, local_nonfinite);
       }
-      bool apply = finite;
-      if constexpr (scaled) {
-        apply = scaler_->update(!finite);
+      return local_nonfinite;
+    });
+    if (!apply) {
+      ++skipped_steps_;
+      if (async_) {
+        ps_->pull(params_.values());  // the servers answered the skip with the parameters
       }
-      if (!apply) {
-        ++skipped_steps_;
-        if constexpr (ps) {
-          if (async_) {
-            ps_->pull(params_.values());  // the servers answered the skip with the parameters
-          }
-        }
-        if constexpr (!scaled) {
-          // No scale to back off: a run of non-finite steps ends training, as a scaler would.
-          if (++nonfinite_in_a_row_ >= static_cast<std::uint64_t>(cfg_.loss_scale_max_skips)) {
-            throw error(
-                std::string(precision_policy::name) + ": the gradients were not finite on " +
-                std::to_string(nonfinite_in_a_row_) + " consecutive steps (steps " +
-                std::to_string(step_ + 1 - nonfinite_in_a_row_) + " to " + std::to_string(step_) +
-                "), aborting (loss_scale_max_skips); lower the learning rate or check the "
-                "data and the loss for NaN");
-          }
-        }
-        return false;
-      }
-      nonfinite_in_a_row_ = 0;
+      return false;
     }
     apply_update(lr);
     return true;
-  }
-
-  static precision::loss_scaler_config scaler_config(const config::train_config& c) {
-    return {.initial_scale = c.loss_scale_initial,
-            .growth_factor = c.loss_scale_growth_factor,
-            .backoff_factor = c.loss_scale_backoff_factor,
-            .growth_interval = static_cast<std::uint64_t>(c.loss_scale_growth_interval),
-            .hysteresis = static_cast<std::uint32_t>(c.loss_scale_hysteresis),
-            .min_scale = c.loss_scale_min,
-            .max_scale = precision::loss_scaler_config{}.max_scale,
-            .max_consecutive_skips = static_cast<std::uint32_t>(c.loss_scale_max_skips)};
   }
 
   // One optimizer update per parameter tensor at rate lr. Sharded: per piece of a tensor inside
@@ -1608,12 +1490,9 @@ class trainer {
           for (std::size_t i = 0; i < shard; ++i) {
             grads[first + i] = incoming[w * shard + i] / n;
           }
-          if constexpr (mixed) {
-            // The worker's gradients as the 16-bit type holds them, scaled by its loss scale.
-            const std::span<float> mine = grads.subspan(first, shard);
-            round_through(mine, compute_dtype);
-            precision::unscale_and_check(mine, std::bit_cast<double>(commands[4 * w + 3]));
-          }
+          // The worker's gradients as the compute type holds them, scaled by its loss scale.
+          precision_.to_master(grads.subspan(first, shard),
+                               std::bit_cast<double>(commands[4 * w + 3]));
           apply_update(std::bit_cast<double>(commands[4 * w + 2]), false);
           count_step(w);
         }
@@ -1705,13 +1584,12 @@ class trainer {
       } else {
         ps_->push(grads);
       }
-      if constexpr (mixed) {
-        const std::span<float> from = grads.subspan(shard_begin(), shard_size());
-        round_through(from, compute_dtype);
-        const std::span<float> to = params_.grads().subspan(shard_begin(), shard_size());
+      const std::span<float> from = grads.subspan(shard_begin(), shard_size());
+      const std::span<float> to = params_.grads().subspan(shard_begin(), shard_size());
+      if (from.data() != to.data()) {
         std::copy(from.begin(), from.end(), to.begin());
-        precision::unscale_and_check(to, scale);  // the workers checked their gradients
       }
+      precision_.to_master(to, scale);  // the workers checked their gradients
       apply_update(lr);
       ++step_;
     }
@@ -1722,14 +1600,6 @@ class trainer {
   }
   // parallel::data<parameter_server>: the tag of the optimizer-state gather of a checkpoint.
   static constexpr int state_gather_tag = parallel::ps_exchange::tag_base + 8;
-
-  nlohmann::json scaler_json() const {
-    if constexpr (scaled) {
-      return precision::to_json(scaler_->state());
-    } else {
-      return nullptr;
-    }
-  }
 
   void save(checkpoint_store& store, std::uint64_t epoch, std::uint64_t next_batch, progress& bar,
             std::optional<detail::epoch_so_far> so_far = std::nullopt) {
@@ -1749,7 +1619,7 @@ class trainer {
          .seed = cfg_.seed,
          .optimizer_describe = optimizer_.describe(),
          .optimizer_step_count = optimizer_.step_count(),
-         .loss_scaler = scaler_json(),
+         .loss_scaler = precision_.state(),
          .skipped_steps = skipped_steps_,
          .batch = batch_policy::name,
          .batch_state = batch_.state(),
@@ -1865,9 +1735,7 @@ class trainer {
     }
     step_ = s.at("step").get<std::uint64_t>();
     optimizer_.set_step_count(s.at("optimizer").at("step_count").get<std::uint64_t>());
-    if constexpr (scaled) {
-      scaler_->restore(precision::loss_scaler_state_from_json(s.at("loss_scaler")));
-    }
+    precision_.restore(s.contains("loss_scaler") ? s.at("loss_scaler") : nlohmann::json());
     skipped_steps_ = s.contains("skipped_steps") ? s.at("skipped_steps").get<std::uint64_t>() : 0;
     batch_.restore(detail::batch_state_from_json(s));
     resumed_so_far_ = detail::epoch_so_far_from_json(s);
@@ -1885,7 +1753,8 @@ class trainer {
   std::optional<comm::any_comm> comm_{};  // parallel::data: this rank's communicator
   model::param_store params_;
   optim::any_optimizer optimizer_;
-  batch_policy batch_;  // how a step's samples are cut into micro-batches
+  batch_policy batch_;          // how a step's samples are cut into micro-batches
+  precision_policy precision_;  // the compute copy, the loss scale, the skip decision
   buffer<float> state_{};
   model::softmax_cross_entropy loss_{};
   typename Model::workspace_type eval_work_{};
@@ -1896,11 +1765,8 @@ class trainer {
   std::vector<std::function<void(const step_metrics&)>> step_callbacks_{};
   std::vector<std::function<void(const epoch_metrics&)>> epoch_callbacks_{};
   std::vector<std::function<void(std::uint64_t, std::span<float>)>> gradient_callbacks_{};
-  model::param_store compute_{};  // mixed: the compute copy the model runs on
-  std::optional<typename detail::scaler_of<precision_policy>::type> scaler_{};
   std::uint64_t skipped_steps_ = 0;
-  detail::epoch_so_far resumed_so_far_{};  // the resumed checkpoint's part of its epoch
-  std::uint64_t nonfinite_in_a_row_ = 0;
+  detail::epoch_so_far resumed_so_far_{};            // the resumed checkpoint's part of its epoch
   std::optional<parallel::ps_exchange> ps_{};        // parallel::data<parameter_server>
   std::optional<parallel::topk_compressor> topk_{};  // compress::topk: the residual
   std::vector<float> residual_backup_{};
