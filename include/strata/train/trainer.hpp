@@ -88,6 +88,7 @@
 #include "strata/optim/lr_schedule.hpp"
 #include "strata/parallel/data.hpp"
 #include "strata/parallel/parameter_server.hpp"
+#include "strata/parallel/ps_server.hpp"
 #include "strata/parallel/single_rank.hpp"
 #include "strata/parallel/topk.hpp"
 #include "strata/precision/fp32.hpp"
@@ -809,9 +810,13 @@ class trainer {
                   // Asynchronous: every worker announces its own step, a push or (its own
                   // gradients not finite) a skip; either way the servers count the step and
                   // reply with the parameters.
-                  send_to_servers(finite ? server_command::step : server_command::skip, lr, scale);
+                  parallel::send_to_servers(
+                      *world_, *ps_,
+                      finite ? parallel::server_command::step : parallel::server_command::skip,
+                      step_, lr, scale);
                 } else if (send && rank() == 0) {
-                  send_to_servers(server_command::step, lr, scale);
+                  parallel::send_to_servers(*world_, *ps_, parallel::server_command::step, step_,
+                                            lr, scale);
                 }
               }
             }
@@ -950,7 +955,7 @@ class trainer {
     summary.params_xxh3 = xxh3_hex(params_.values());
     if constexpr (ps) {
       if (dedicated_ && (async_ || rank() == 0)) {
-        send_to_servers(server_command::finish, 0.0, 1.0);
+        parallel::send_to_servers(*world_, *ps_, parallel::server_command::finish, step_, 0.0, 1.0);
       }
     }
     return summary;
@@ -1293,32 +1298,11 @@ class trainer {
   // One optimizer update per parameter tensor at rate lr. Sharded: per piece of a tensor inside
   // this rank's shard, with the shard's state (laid out by offset within the shard), then an
   // all-gather of every rank's updated shard.
-  void apply_update(double lr, bool exchange = true) {
-    optimizer_.begin_step();
-    const std::size_t per = optimizer_.state_per_parameter();
+  void apply_update(double lr) {
+    parallel::update_shard(optimizer_, params_, state_.span(), shard_begin(), shard_size(), lr);
     const std::span<float> values = params_.values();
-    const std::span<const float> grads = std::as_const(params_).grads();
-    const std::span<float> state = state_.span();
-    const std::size_t first = shard_begin();
-    const std::size_t last = first + shard_size();
-    for (const model::param_entry& e : params_.entries()) {
-      const std::size_t lo = std::max(e.offset, first);
-      const std::size_t hi = std::min(e.offset + e.spec.elements(), last);
-      if (lo >= hi) {
-        continue;
-      }
-      const std::size_t n = hi - lo;
-      optimizer_.update({.params = values.subspan(lo, n),
-                         .grads = grads.subspan(lo, n),
-                         .state = state.subspan((lo - first) * per, n * per),
-                         .lr = lr,
-                         .weight_decay = e.spec.weight_decay});
-    }
-    if (!exchange) {
-      return;
-    }
     if constexpr (sharded) {
-      comm_->all_gather(values.data() + first, values.data(), shard_size(), dtype::float32);
+      comm_->all_gather(values.data() + shard_begin(), values.data(), shard_size(), dtype::float32);
     } else if constexpr (ps) {
       ps_->pull(values);
     }
@@ -1380,164 +1364,6 @@ class trainer {
     return params_.size() / static_cast<std::size_t>(state_shards(cfg_, world_size()));
   }
 
-  // parallel::data<parameter_server> with dedicated servers: worker 0 tells every server what
-  // comes next (a step's push with its learning rate and loss scale, a checkpoint's state
-  // request, the end of training); the servers follow in serve().
-  // skip: an asynchronous worker's step whose gradients were not finite (no push follows).
-  enum class server_command : std::int64_t { step = 1, save = 2, finish = 3, skip = 4 };
-  static constexpr int server_command_tag = parallel::ps_exchange::tag_base + 9;
-
-  void send_to_servers(server_command command, double lr, double scale) {
-    const std::int64_t message[4] = {
-        static_cast<std::int64_t>(command), static_cast<std::int64_t>(step_),
-        std::bit_cast<std::int64_t>(lr), std::bit_cast<std::int64_t>(scale)};
-    for (int s = 0; s < ps_->servers(); ++s) {
-      world_->send(message, 4, dtype::int64, ps_->server_rank(s), server_command_tag);
-    }
-  }
-
-  // Dedicated servers, worker 0 at a checkpoint: every server's optimizer shard, in server
-  // order; asynchronous, also the parameters as the servers hold them (into params_).
-  buffer<float> gather_server_state() {
-    const int shards = state_shards(cfg_, world_size());
-    const std::size_t per = shard_size_of_server() * optimizer_.state_per_parameter();
-    buffer<float> all(per * static_cast<std::size_t>(shards));
-    send_to_servers(server_command::save, 0.0, 1.0);
-    for (int s = 0; s < shards; ++s) {
-      world_->recv(all.data() + static_cast<std::size_t>(s) * per, per, dtype::float32,
-                   ps_->server_rank(s), state_gather_tag);
-      if (async_) {
-        world_->recv(params_.values().data() + ps_->shard_begin(s), ps_->shard_size(),
-                     dtype::float32, ps_->server_rank(s), parallel::ps_exchange::tag_base + 3);
-      }
-    }
-    return all;
-  }
-
-  // The asynchronous server: each worker's push is applied as it arrives (its gradient divided
-  // by the number of workers, one optimizer update), and the worker gets the shard back as soon
-  // as it leads the slowest worker by at most parameter_server_staleness steps. A checkpoint
-  // waits until every worker has pushed as many steps as worker 0.
-  void serve_async() {
-    const int workers = ps_->workers();
-    const auto w_count = static_cast<std::size_t>(workers);
-    const std::size_t shard = shard_size();
-    const std::size_t first = shard_begin();
-    const auto staleness = static_cast<std::uint64_t>(cfg_.parameter_server_staleness);
-    enum class phase { command, gradient, reply, save };
-    std::vector<std::int64_t> commands(4 * w_count);
-    std::vector<comm::any_comm::request> pending(w_count);
-    std::vector<phase> at(w_count, phase::command);
-    std::vector<std::uint64_t> pushed(w_count, 0);
-    std::vector<char> finished(w_count, 0);
-    std::vector<float> incoming(w_count * shard);
-    // Each reply travels from its own copy: the shard changes with the next push while a send
-    // may still be reading.
-    std::vector<float> outgoing(w_count * shard);
-    std::vector<comm::any_comm::request> replies(w_count);
-    auto expect_command = [&](std::size_t w) {
-      pending[w] = world_->recv_async(&commands[4 * w], 4, dtype::int64, static_cast<int>(w),
-                                      server_command_tag);
-      at[w] = phase::command;
-    };
-    // Worker w's step is done here (pushed and applied, or skipped): it may get its reply.
-    auto count_step = [&](std::size_t w) {
-      step_ = std::max(step_, static_cast<std::uint64_t>(commands[4 * w + 1]) + 1);
-      ++pushed[w];
-      at[w] = phase::reply;
-    };
-    for (std::size_t w = 0; w < w_count; ++w) {
-      expect_command(w);
-    }
-    std::size_t done = 0;
-    const std::span<float> values = params_.values();
-    const std::span<float> grads = params_.grads();
-    while (done < w_count) {
-      bool progress = false;
-      for (std::size_t w = 0; w < w_count; ++w) {
-        if (finished[w] != 0) {
-          continue;
-        }
-        if (at[w] == phase::command && pending[w].test()) {
-          progress = true;
-          const auto command = static_cast<server_command>(commands[4 * w]);
-          if (command == server_command::finish) {
-            finished[w] = 1;
-            ++done;
-            continue;
-          }
-          if (command == server_command::save) {
-            at[w] = phase::save;
-            continue;
-          }
-          if (command == server_command::skip) {
-            // Counted as a step without an update, so that staleness and checkpoints keep
-            // comparing steps.
-            count_step(w);
-            continue;
-          }
-          if (command != server_command::step) {
-            throw error("parameter server " + std::to_string(rank()) + ": unknown command " +
-                        std::to_string(commands[4 * w]) + " from worker " + std::to_string(w));
-          }
-          pending[w] = world_->recv_async(incoming.data() + w * shard, shard, dtype::float32,
-                                          static_cast<int>(w), parallel::ps_exchange::tag_base);
-          at[w] = phase::gradient;
-        }
-        if (at[w] == phase::gradient && pending[w].test()) {
-          progress = true;
-          const auto n = static_cast<float>(workers);
-          for (std::size_t i = 0; i < shard; ++i) {
-            grads[first + i] = incoming[w * shard + i] / n;
-          }
-          // The worker's gradients as the compute type holds them, scaled by its loss scale.
-          precision_.to_master(grads.subspan(first, shard),
-                               std::bit_cast<double>(commands[4 * w + 3]));
-          apply_update(std::bit_cast<double>(commands[4 * w + 2]), false);
-          count_step(w);
-        }
-      }
-      std::uint64_t slowest = UINT64_MAX;
-      for (std::size_t w = 0; w < w_count; ++w) {
-        if (finished[w] == 0) {
-          slowest = std::min(slowest, pushed[w]);
-        }
-      }
-      for (std::size_t w = 0; w < w_count; ++w) {
-        if (finished[w] == 0 && at[w] == phase::reply && pushed[w] <= slowest + staleness) {
-          progress = true;
-          max_lead_ = std::max(max_lead_, pushed[w] - slowest);
-          replies[w].wait();  // the previous reply to w, which w has received
-          std::copy(values.begin() + static_cast<std::ptrdiff_t>(first),
-                    values.begin() + static_cast<std::ptrdiff_t>(first + shard),
-                    outgoing.begin() + static_cast<std::ptrdiff_t>(w * shard));
-          replies[w] = world_->send_async(outgoing.data() + w * shard, shard, dtype::float32,
-                                          static_cast<int>(w), parallel::ps_exchange::tag_base + 3);
-          expect_command(w);
-        }
-      }
-      if (finished[0] == 0 && at[0] == phase::save) {
-        bool caught_up = true;
-        for (std::size_t w = 1; w < w_count; ++w) {
-          caught_up = caught_up && (finished[w] != 0 || pushed[w] >= pushed[0]);
-        }
-        if (caught_up) {
-          progress = true;
-          world_->send(state_.data(), state_.size(), dtype::float32, 0, state_gather_tag);
-          world_->send(values.data() + first, shard, dtype::float32, 0,
-                       parallel::ps_exchange::tag_base + 3);
-          expect_command(0);
-        }
-      }
-      if (!progress) {
-        std::this_thread::sleep_for(std::chrono::microseconds(20));
-      }
-    }
-    for (auto& r : replies) {
-      r.wait();
-    }
-  }
-
   // A dedicated server's fit(): resume its shard when asked to, then apply each step's average
   // gradient to its shard and send the workers the new values, until worker 0 says finish.
   fit_summary serve() {
@@ -1557,56 +1383,38 @@ class trainer {
       }
     }
     const std::uint64_t start_step = step_;
-    if (async_) {
-      serve_async();
-    }
-    while (!async_) {
-      std::int64_t message[4] = {};
-      world_->recv(message, 4, dtype::int64, 0, server_command_tag);
-      const auto command = static_cast<server_command>(message[0]);
-      if (command == server_command::finish) {
-        break;
-      }
-      if (command == server_command::save) {
-        world_->send(state_.data(), state_.size(), dtype::float32, 0, state_gather_tag);
-        continue;
-      }
-      if (command != server_command::step) {
-        throw error("parameter server " + std::to_string(rank()) + ": unknown command " +
-                    std::to_string(message[0]) + " from worker 0");
-      }
-      step_ = static_cast<std::uint64_t>(message[1]);
-      const double lr = std::bit_cast<double>(message[2]);
-      const double scale = std::bit_cast<double>(message[3]);
-      const std::span<float> grads = compute_params().grads();
-      if constexpr (topk) {
-        ps_->push_topk(*topk_, grads, static_cast<float>(scale));
-      } else {
-        ps_->push(grads);
-      }
-      const std::span<float> from = grads.subspan(shard_begin(), shard_size());
-      const std::span<float> to = params_.grads().subspan(shard_begin(), shard_size());
-      if (from.data() != to.data()) {
-        std::copy(from.begin(), from.end(), to.begin());
-      }
-      precision_.to_master(to, scale);  // the workers checked their gradients
-      apply_update(lr);
-      ++step_;
-    }
+    parallel::server_context context{
+        .world = *world_,
+        .ps = *ps_,
+        .topk = topk_ ? &*topk_ : nullptr,
+        .master = params_,
+        .pushed = compute_params().grads(),
+        .optimizer = optimizer_,
+        .state = state_.span(),
+        .first = shard_begin(),
+        .shard = shard_size(),
+        .staleness = static_cast<std::uint64_t>(cfg_.parameter_server_staleness),
+        .to_master = [this](std::span<float> g, double scale) {
+          return precision_.to_master(g, scale);
+        }};
+    const parallel::server_result served =
+        async_ ? parallel::serve_async(context, step_) : parallel::serve(context, step_);
+    step_ = served.step;
+    max_lead_ = served.max_lead;
     summary.steps = step_;
     summary.steps_this_run = step_ - start_step;
     summary.wall_seconds = seconds_since(begin);
     return summary;
   }
-  // parallel::data<parameter_server>: the tag of the optimizer-state gather of a checkpoint.
-  static constexpr int state_gather_tag = parallel::ps_exchange::tag_base + 8;
 
   void save(checkpoint_store& store, std::uint64_t epoch, std::uint64_t next_batch, progress& bar,
             std::optional<detail::epoch_so_far> so_far = std::nullopt) {
     buffer<float> server_shards;  // dedicated servers: their optimizer state (and, when
     if constexpr (ps) {           // asynchronous, the parameters as they hold them now)
       if (dedicated_ && rank() == 0) {
-        server_shards = gather_server_state();
+        server_shards = parallel::gather_server_state(
+            *world_, *ps_, step_, shard_size_of_server() * optimizer_.state_per_parameter(), async_,
+            params_.values());
       }
     }
     // The position: `epoch` epochs done and `next_batch` batches of the next one (names
@@ -1651,11 +1459,11 @@ class trainer {
         std::copy(state_.span().begin(), state_.span().end(), all_shards.span().begin());
         for (int s = 1; s < shards; ++s) {
           comm_->recv(all_shards.data() + static_cast<std::size_t>(s) * per, per, dtype::float32, s,
-                      state_gather_tag);
+                      parallel::server_state_tag);
         }
         state_values = all_shards.span();
       } else if (rank() < shards) {
-        comm_->send(state_.data(), per, dtype::float32, 0, state_gather_tag);
+        comm_->send(state_.data(), per, dtype::float32, 0, parallel::server_state_tag);
       }
     }
     buffer<float> all_residuals;
