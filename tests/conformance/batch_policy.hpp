@@ -25,6 +25,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "conformance/findings.hpp"
 #include "strata/batch/concepts.hpp"
 #include "strata/config/train_config.hpp"
 #include "strata/core/error.hpp"
@@ -32,17 +33,7 @@
 
 namespace strata::conformance {
 
-struct batch_report {
-  std::vector<std::string> failures{};
-  std::size_t checks = 0;
-  void expect(bool ok, const std::string& what) {
-    ++checks;
-    if (!ok && failures.size() < 50) {
-      failures.push_back(what);
-    }
-  }
-  bool ok() const noexcept { return failures.empty(); }
-};
+using batch_report = findings;
 
 // A step_runner that records what the policy asks of it. Each micro-step reserves
 // bytes_per_sample per sample from its own memory tracker (so that budgets and peaks are real)

@@ -26,6 +26,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "conformance/findings.hpp"
 #include "strata/config/train_config.hpp"
 #include "strata/core/round.hpp"
 #include "strata/model/param_store.hpp"
@@ -33,17 +34,7 @@
 
 namespace strata::conformance {
 
-struct precision_report {
-  std::vector<std::string> failures{};
-  std::size_t checks = 0;
-  void expect(bool ok, const std::string& what) {
-    ++checks;
-    if (!ok && failures.size() < 50) {
-      failures.push_back(what);
-    }
-  }
-  bool ok() const noexcept { return failures.empty(); }
-};
+using precision_report = findings;
 
 // The suite: policy P made from `cfg`, on stores that make_store() returns (alike each call).
 template <precision::precision_policy P, class Make>
