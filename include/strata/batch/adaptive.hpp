@@ -731,11 +731,6 @@ class adaptive {
     next_ = j.is_object() && j.contains("micro_batch") ? j.at("micro_batch").get<std::size_t>() : 0;
   }
 
-  // The controller of the current fit() (none before the first).
-  const adaptive_controller* controller() const noexcept {
-    return controller_ ? &*controller_ : nullptr;
-  }
-
  private:
   template <class R>
   void log(R& runner) {

@@ -43,9 +43,7 @@
 // bit for bit (not with parameter_server_async, whose runs are not repeatable).
 
 #include <algorithm>
-#include <bit>
 #include <chrono>
-#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -53,7 +51,6 @@
 #include <optional>
 #include <span>
 #include <string>
-#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -206,8 +203,9 @@ struct trainer_kind {
 };
 
 // Throws config_error naming the key of a configuration this trainer type does not run: the
-// world size, batch, precision and parallel keys its policies do not match, and the keys of
-// policies it does not hold (set, not ignored).
+// world size, the optimizer's bounds, and the parallel keys its parallel policy does not match
+// or does not hold (set, not ignored). The batch and precision policies check their own keys
+// (check_config, batch/concepts.hpp and precision/concepts.hpp).
 inline void refuse_unsupported(const trainer_kind& k, const config::train_config& cfg_, int world,
                                int rank) {
   auto refuse = [](std::string key, std::string text) {
