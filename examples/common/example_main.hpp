@@ -75,6 +75,31 @@ inline void print_summary(const strata::train::fit_summary& s,
   }
 }
 
+// Which data-parallel policies a program compiles in. Each policy is one trainer type per
+// precision and batch policy, and each trainer type is compiled in full (about 5 s at -O3 here):
+//   every_policy     all of with_data_policy() below: example 01, 42 trainer types;
+//   all_reduce_only  data<all_reduce> without compression or ZeRO, the one most runs use:
+//                    example 02, 12 trainer types. The others are a config_error naming the key.
+enum class data_parallel_menu { every_policy, all_reduce_only };
+
+// Under data_parallel_menu::all_reduce_only, the keys that would need another policy.
+inline void check_all_reduce_only(const strata::config::train_config& cfg) {
+  using strata::config::compression_kind;
+  using strata::config::gradient_sync_kind;
+  const char* key = cfg.gradient_sync != gradient_sync_kind::all_reduce  ? "gradient_sync"
+                    : cfg.gradient_compression != compression_kind::none ? "gradient_compression"
+                    : cfg.zero_stage != 0                                ? "zero_stage"
+                                                                         : nullptr;
+  if (key != nullptr) {
+    throw strata::config_error(
+        {.key = key},
+        "this example compiles in only gradient_sync = all_reduce without gradient_compression "
+        "or zero_stage for world_size > 1 (examples/common/example_main.hpp: "
+        "data_parallel_menu); fashion_mnist_mlp (example 01) compiles every data-parallel "
+        "policy");
+  }
+}
+
 // Calls run(std::type_identity<Policy>{}) with the data-parallel policy the configuration names
 // (config/validate.hpp has refused the combinations that do not exist):
 //   gradient_sync = all_reduce: parallel::data<all_reduce> with gradient_compression none,
@@ -83,41 +108,46 @@ inline void print_summary(const strata::train::fit_summary& s,
 //   all_gather: parallel::data<all_gather, compress::topk>;
 //   parameter_server: parallel::data<parameter_server>, with compress::topk when
 //     gradient_compression = topk.
-template <class Run>
+template <data_parallel_menu Menu = data_parallel_menu::every_policy, class Run>
 decltype(auto) with_data_policy(const strata::config::train_config& cfg, Run&& run) {
   namespace sp = strata::parallel;
-  using strata::config::compression_kind;
-  using strata::config::gradient_sync_kind;
-  // The summing synchronisations with the compressor of gradient_compression.
-  const auto summed = [&]<class Sync>(std::type_identity<Sync>) {
-    switch (cfg.gradient_compression) {
-      case compression_kind::float16:
-        return run(std::type_identity<sp::data<Sync, sp::compress::cast<strata::float16>>>{});
-      case compression_kind::bfloat16:
-        return run(std::type_identity<sp::data<Sync, sp::compress::cast<strata::bfloat16>>>{});
-      case compression_kind::none:
-      case compression_kind::topk:
+  if constexpr (Menu == data_parallel_menu::all_reduce_only) {
+    check_all_reduce_only(cfg);
+    return run(std::type_identity<sp::data<sp::all_reduce>>{});
+  } else {
+    using strata::config::compression_kind;
+    using strata::config::gradient_sync_kind;
+    // The summing synchronisations with the compressor of gradient_compression.
+    const auto summed = [&]<class Sync>(std::type_identity<Sync>) {
+      switch (cfg.gradient_compression) {
+        case compression_kind::float16:
+          return run(std::type_identity<sp::data<Sync, sp::compress::cast<strata::float16>>>{});
+        case compression_kind::bfloat16:
+          return run(std::type_identity<sp::data<Sync, sp::compress::cast<strata::bfloat16>>>{});
+        case compression_kind::none:
+        case compression_kind::topk:
+          break;
+      }
+      return run(std::type_identity<sp::data<Sync>>{});
+    };
+    switch (cfg.gradient_sync) {
+      case gradient_sync_kind::hierarchical:
+        return summed(std::type_identity<sp::hierarchical>{});
+      case gradient_sync_kind::all_gather:
+        return run(std::type_identity<sp::data<sp::all_gather, sp::compress::topk>>{});
+      case gradient_sync_kind::parameter_server:
+        if (cfg.gradient_compression == compression_kind::topk) {
+          return run(std::type_identity<sp::data<sp::parameter_server, sp::compress::topk>>{});
+        }
+        return run(std::type_identity<sp::data<sp::parameter_server>>{});
+      case gradient_sync_kind::all_reduce:
         break;
     }
-    return run(std::type_identity<sp::data<Sync>>{});
-  };
-  switch (cfg.gradient_sync) {
-    case gradient_sync_kind::hierarchical:
-      return summed(std::type_identity<sp::hierarchical>{});
-    case gradient_sync_kind::all_gather:
-      return run(std::type_identity<sp::data<sp::all_gather, sp::compress::topk>>{});
-    case gradient_sync_kind::parameter_server:
-      if (cfg.gradient_compression == compression_kind::topk) {
-        return run(std::type_identity<sp::data<sp::parameter_server, sp::compress::topk>>{});
-      }
-      return run(std::type_identity<sp::data<sp::parameter_server>>{});
-    case gradient_sync_kind::all_reduce:
-      break;
+    if (cfg.zero_stage == 1) {
+      return run(std::type_identity<sp::zero1>{});
+    }
+    return summed(std::type_identity<sp::all_reduce>{});
   }
-  if (cfg.zero_stage == 1) {
-    return run(std::type_identity<sp::zero1>{});
-  }
-  return summed(std::type_identity<sp::all_reduce>{});
 }
 
 // Makes the trainer the configuration names and runs fit through `train(trainer&)`:
@@ -130,10 +160,11 @@ decltype(auto) with_data_policy(const strata::config::train_config& cfg, Run&& r
 //     mpiexec's job (built with MPI; `mpiexec -n 2 fashion_mnist_mlp --world_size 2
 //     --communication_backend mpi`).
 // Policies are compile-time choices: each combination is its own trainer type (so this function
-// instantiates 3 precisions x 14 trainers). With more than one rank, the adaptive batch runs
+// instantiates 3 precisions x 14 trainers with data_parallel_menu::every_policy, 3 x 4 with
+// all_reduce_only). With more than one rank, the adaptive batch runs
 // with data<all_reduce> (no compression) and zero1; each rank adapts within its own
 // memory_budget_mb, and the ranks agree on the smallest micro-batch.
-template <class Model, class Train>
+template <data_parallel_menu Menu = data_parallel_menu::every_policy, class Model, class Train>
 strata::train::fit_summary train_as_configured(const Model& model,
                                                const strata::config::train_config& cfg,
                                                Train&& train) {
@@ -169,7 +200,7 @@ strata::train::fit_summary train_as_configured(const Model& model,
                                  "this build has no MPI (configure with STRATA_ENABLE_MPI=ON)");
     }
 #endif
-    return with_data_policy(cfg, [&]<class Policy>(std::type_identity<Policy>) {
+    return with_data_policy<Menu>(cfg, [&]<class Policy>(std::type_identity<Policy>) {
       // Runs trainer<Model, Batch, Precision, Policy> on every rank; rank 0's summary.
       const auto on_ranks = [&]<class Batch>(std::type_identity<Batch>) {
         using data_trainer = strata::train::trainer<Model, Batch, Precision, Policy>;
