@@ -7,6 +7,10 @@
 //   mpiexec -n 2 bench_collectives --backend mpi         strata's MPI backend and raw MPI, same
 //                                                        processes, same buffers, in turns
 //   ... --min 4K --max 64M --ops all_reduce,all_gather --place both --json out.json
+//   ... --fingerprint always|sampled|off      the MPI backend's check mode (default: the
+//                                             library's); with --backend mpi the same calls run
+//                                             with fingerprints off too, in turns, and a second
+//                                             table prints what the checks add per call
 //
 // Columns: size (bytes of the largest buffer, as nccl-tests), time (us per call, max over ranks,
 // median of repeats), algbw = size / time, busbw = algbw x factor(op, n), #wrong (elements that
@@ -53,8 +57,9 @@ struct options {
   std::string json_path;
   bool baseline = true;
   double seconds_per_size = 0.25;
-  std::string place = "both";  // out | in | both (all_reduce and all_gather)
-  std::string self;            // argv[0], to launch the baseline
+  std::string place = "both";                       // out | in | both (all_reduce and all_gather)
+  std::optional<sc::fingerprint_mode> fingerprint;  // the MPI backend's; unset: the default
+  std::string self;                                 // argv[0], to launch the baseline
 };
 
 struct row {
@@ -444,15 +449,16 @@ void raw_barrier() {
 }
 
 // Raw MPI alone (the baseline of the threads backend, in a child mpiexec), or raw MPI and
-// strata's MPI backend in the same processes and buffers, in turns: {raw rows, strata rows}.
-std::vector<std::vector<row>> sweep_mpi(const options& o, sc::mpi* strata) {
+// strata's MPI backend (each communicator given) in the same processes and buffers, in turns:
+// {raw rows, rows of each communicator}.
+std::vector<std::vector<row>> sweep_mpi(const options& o, const std::vector<sc::mpi*>& strata) {
   int rank = 0;
   int n = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &n);
   std::vector<runner> runs{raw_mpi_runner()};
-  if (strata != nullptr) {
-    runs.push_back(strata_runner(*strata));
+  for (sc::mpi* c : strata) {
+    runs.push_back(strata_runner(*c));
   }
   return sweep_many(o, rank, n, runs, raw_all_max, raw_barrier);
 }
@@ -552,6 +558,31 @@ void print_table(const std::string& title, const std::vector<row>& rows, int n,
   }
 }
 
+const char* fingerprint_name(sc::fingerprint_mode m) {
+  return m == sc::fingerprint_mode::always    ? "always"
+         : m == sc::fingerprint_mode::sampled ? "sampled"
+                                              : "off";
+}
+
+// What the fingerprint checks add to each call: the same communicator kind with checks off,
+// measured in turns with the checked one.
+void print_check_cost(const std::vector<row>& checked, const std::vector<row>& off,
+                      sc::fingerprint_mode mode) {
+  std::printf("\n# cost of fingerprint = %s: the same calls with fingerprint = off, in turns\n",
+              fingerprint_name(mode));
+  std::printf("%-15s %5s %12s %11s %11s %11s %8s\n", "op", "place", "size(B)", "checked(us)",
+              "off(us)", "added(us)", "ratio");
+  for (const auto& r : checked) {
+    for (const auto& x : off) {
+      if (x.op == r.op && x.in_place == r.in_place && x.bytes == r.bytes) {
+        std::printf("%-15s %5s %12zu %11.2f %11.2f %11.2f %7.3fx\n", r.op.c_str(),
+                    r.in_place ? "in" : "out", r.bytes, r.seconds * 1e6, x.seconds * 1e6,
+                    (r.seconds - x.seconds) * 1e6, r.seconds / x.seconds);
+      }
+    }
+  }
+}
+
 options parse(int argc, char** argv) {
   options o;
   o.self = argv[0];
@@ -583,6 +614,20 @@ options parse(int argc, char** argv) {
                      o.place.c_str());
         std::exit(2);
       }
+    } else if (a == "--fingerprint") {
+      const std::string mode = next();
+      if (mode == "always") {
+        o.fingerprint = sc::fingerprint_mode::always;
+      } else if (mode == "sampled") {
+        o.fingerprint = sc::fingerprint_mode::sampled;
+      } else if (mode == "off") {
+        o.fingerprint = sc::fingerprint_mode::off;
+      } else {
+        std::fprintf(stderr,
+                     "bench_collectives: --fingerprint must be always, sampled or off, not '%s'\n",
+                     mode.c_str());
+        std::exit(2);
+      }
     } else if (a == "--seconds") {
       o.seconds_per_size = std::stod(next());
     } else if (a == "--ops") {
@@ -596,7 +641,7 @@ options parse(int argc, char** argv) {
                    "bench_collectives: unknown argument '%s'\n"
                    "usage: bench_collectives [--backend threads|mpi|raw-mpi] [--ranks N] "
                    "[--min 4K] [--max 64M] [--ops a,b] [--place out|in|both] [--seconds S] "
-                   "[--json FILE] "
+                   "[--fingerprint always|sampled|off] [--json FILE] "
                    "[--no-baseline]\n",
                    a.c_str());
       std::exit(2);
@@ -685,7 +730,7 @@ int main(int argc, char** argv) {
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &n);
     if (o.backend == "raw-mpi") {
-      const auto raw = sweep_mpi(o, nullptr)[0];
+      const auto raw = sweep_mpi(o, {})[0];
       if (rank == 0) {
         write_json(o, "raw-mpi", n, raw, nullptr, 0.0);
       }
@@ -693,16 +738,35 @@ int main(int argc, char** argv) {
     }
     std::vector<row> raw;
     std::vector<row> rows;
+    std::vector<row> unchecked;
+    sc::comm_config checked_config{.timeout = 120.0};
+    if (o.fingerprint) {
+      checked_config.fingerprint = *o.fingerprint;
+    }
+    const sc::fingerprint_mode mode = checked_config.fingerprint;
     {
-      auto world = sc::mpi::world(
-          sc::comm_config{.timeout = 120.0, .fingerprint = sc::fingerprint_mode::sampled});
-      auto both = sweep_mpi(o, &world);
-      raw = std::move(both[0]);
-      rows = std::move(both[1]);
+      auto world = sc::mpi::world(checked_config);
+      auto world_off = sc::mpi::world(
+          sc::comm_config{.timeout = 120.0, .fingerprint = sc::fingerprint_mode::off});
+      std::vector<sc::mpi*> comms{&world};
+      if (mode != sc::fingerprint_mode::off) {
+        comms.push_back(&world_off);
+      }
+      auto all = sweep_mpi(o, comms);
+      raw = std::move(all[0]);
+      rows = std::move(all[1]);
+      if (all.size() > 2) {
+        unchecked = std::move(all[2]);
+      }
     }
     if (rank == 0) {
       const double copy = memcpy_bandwidth();
-      print_table("strata MPI backend", rows, n, &raw, "raw MPI, same processes and buffers", copy);
+      const std::string title =
+          std::string("strata MPI backend, fingerprint = ") + fingerprint_name(mode);
+      print_table(title, rows, n, &raw, "raw MPI, same processes and buffers", copy);
+      if (!unchecked.empty()) {
+        print_check_cost(rows, unchecked, mode);
+      }
       write_json(o, "mpi", n, rows, &raw, copy);
     }
     return 0;

@@ -24,6 +24,7 @@
 #include <strata/batch/adaptive.hpp>
 #include <strata/config.hpp>
 #include <strata/precision/mixed.hpp>
+#include <strata/train/comm_config.hpp>
 #include <strata/train/trainer.hpp>
 
 namespace examples {
@@ -207,22 +208,37 @@ strata::train::fit_summary train_as_configured(const Model& model,
 #ifdef STRATA_EXAMPLES_MPI
         if (cfg.communication_backend == strata::config::comm_backend_kind::mpi) {
           static strata::comm::mpi_environment environment;
-          auto world = strata::comm::mpi::world({.timeout = cfg.comm_timeout});
+          auto world = strata::comm::mpi::world(strata::train::comm_config_of(cfg));
           prints_summary() = world.rank() == 0;
-          data_trainer run(model, cfg, strata::comm::any_comm(world));
-          return train(run);
+          try {
+            data_trainer run(model, cfg, strata::comm::any_comm(world));
+            return train(run);
+          } catch (const strata::config_error&) {
+            throw;  // every rank refuses the same configuration
+          } catch (const std::exception& e) {
+            // One rank failed: the others would wait in their next collective until
+            // comm_timeout. End the job now, with this rank's error.
+            if (world.size() > 1) {
+              strata::comm::mpi_environment::abort(
+                  "strata: rank " + std::to_string(world.rank()) + " of " +
+                  std::to_string(world.size()) + ": " + e.what() +
+                  "\nstrata: calling MPI_Abort so that the other ranks stop now");
+            }
+            throw;
+          }
         }
 #endif
         strata::train::fit_summary first;
-        strata::comm::threads::run(static_cast<int>(cfg.world_size),
-                                   [&](strata::comm::threads& comm) {
-                                     data_trainer run(model, cfg, strata::comm::any_comm(comm));
-                                     strata::train::fit_summary s = train(run);
-                                     if (comm.rank() == 0) {
-                                       first = std::move(s);
-                                     }
-                                   },
-                                   {.timeout = cfg.comm_timeout});
+        strata::comm::threads::run(
+            static_cast<int>(cfg.world_size),
+            [&](strata::comm::threads& comm) {
+              data_trainer run(model, cfg, strata::comm::any_comm(comm));
+              strata::train::fit_summary s = train(run);
+              if (comm.rank() == 0) {
+                first = std::move(s);
+              }
+            },
+            strata::train::comm_config_of(cfg));
         return first;
       };
       if (cfg.adaptive_batch) {

@@ -8,6 +8,10 @@
 //   ends the job because a rank died):
 //     kill hang throw skip_last recv_timeout unchecked_100000
 //     hang_alone (one process: nobody else can notice, so the hung rank ends the job itself)
+//   late_count_1001 late_count_100000 late_skip, with a second argument `always` or `sampled`:
+//     the mismatch at collective #100, after 100 that agree. With fingerprint = always it is
+//     the mismatch above; with sampled (#100 is not a sampled collective) MPI meets it, and
+//     the job must still end with an error (exit status 3) within the deadline.
 //
 // Faults come from STRATA_COMM_FAULT, set by the driver, except where the scenario is a wrong
 // call written here.
@@ -61,7 +65,33 @@ void mismatch(mpi& comm, const std::string& scenario) {
   }
 }
 
+// The mismatch of a late_* scenario at collective #100. Like a user's program, a rank that
+// catches comm_error prints it and returns 1; a rank whose call completed goes on to the next
+// collective.
+int late(const std::string& scenario, mpi& comm) {
+  std::vector<float> data(1000, 1.0f);
+  for (int i = 0; i < 100; ++i) {
+    comm.all_reduce(data.data(), data.data(), data.size(), dtype::float32, reduce_op::sum);
+  }
+  try {
+    mismatch(comm, scenario.substr(std::string("late_").size()));
+    say(comm, "no error at #100");
+  } catch (const strata::comm_error& e) {
+    say(comm, std::string("caught ") + e.what());
+    if (e.kind() != strata::comm_error_kind::mismatch) {
+      return 1;
+    }
+  }
+  std::vector<std::int32_t> one{1};
+  comm.all_reduce(one.data(), one.data(), 1, dtype::int32, reduce_op::sum);
+  say(comm, "after the mismatch, all_reduce gives " + std::to_string(one[0]));
+  return one[0] == comm.size() ? 0 : 1;
+}
+
 int run(const std::string& scenario, mpi& comm) {
+  if (scenario.starts_with("late_")) {
+    return late(scenario, comm);
+  }
   std::vector<float> data(1000, 1.0f);
   if (scenario == "kill" || scenario == "hang" || scenario == "throw" || scenario == "hang_alone") {
     // STRATA_COMM_FAULT=rank=1,op=all_reduce,seq=1,action=<kill|hang|throw> (hang_alone: rank 0)
@@ -132,10 +162,16 @@ int main(int argc, char** argv) {
       auto start = mpi::world(comm_config{.timeout = 120.0});
       start.barrier();
     }
+    fingerprint_mode mode = fingerprint_mode::always;
+    if (scenario == "unchecked_100000" || (argc > 2 && std::strcmp(argv[2], "off") == 0)) {
+      mode = fingerprint_mode::off;
+    } else if (argc > 2 && std::strcmp(argv[2], "sampled") == 0) {
+      mode = fingerprint_mode::sampled;
+    }
     auto comm = mpi::world(comm_config{.timeout = scenario == "hang_alone" ? 1.0 : 3.0,
-                                       .fingerprint = scenario == "unchecked_100000"
-                                                          ? fingerprint_mode::off
-                                                          : fingerprint_mode::always});
+                                       .fingerprint = mode,
+                                       .sample_first = 64,
+                                       .sample_every = 256});
     status = run(scenario, comm);
   } catch (const std::exception& e) {
     // mpi_environment's destructor aborts the job when an exception leaves it: not reached.

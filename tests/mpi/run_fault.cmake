@@ -2,7 +2,8 @@
 # Runs one scenario of fault_scenarios under mpiexec with a time limit and checks the outcome:
 # never a hang (the limit), never a silent result (the exit status and the printed errors).
 #   cmake -DMPIEXEC=mpiexec -DNUMPROC_FLAG=-n -DNP=2 -DPROGRAM=fault_scenarios -DSCENARIO=hang
-#         [-DLIMIT=30] -P run_fault.cmake
+#         [-DLIMIT=30] [-DMODE=always|sampled] -P run_fault.cmake
+# MODE is the fingerprint mode of the late_* scenarios (their second argument).
 cmake_minimum_required(VERSION 3.25)  # modern policies (CMP0054: quoted if() arguments)
 foreach(_var MPIEXEC NUMPROC_FLAG NP PROGRAM SCENARIO)
   if(NOT DEFINED ${_var})
@@ -41,6 +42,36 @@ if(SCENARIO MATCHES "^(count_1001|count_100000|dtype|op|root|skip|wrong_count)$"
     set(fault "rank=1,op=all_reduce,seq=0,action=wrong_count")
     list(APPEND expect "rank 1: all_reduce #0 float32 x 1001 op sum \\(count differs from rank 0\\)")
   endif()
+elseif(SCENARIO MATCHES "^late_(count_1001|count_100000|skip)$" AND MODE STREQUAL "always")
+  # Every collective checked: the mismatch at #100 is caught before data moves, as at #0.
+  set(expect_exit 0)
+  foreach(_rank RANGE ${_last})
+    list(APPEND expect
+      "rank ${_rank}: caught comm error \\(mismatch\\) on rank ${_rank} in [a-z_]+ #10[01]: the ranks called different collectives"
+      "rank ${_rank}: after the mismatch, all_reduce gives ${NP}")
+  endforeach()
+  if(SCENARIO STREQUAL "late_count_1001")
+    list(APPEND expect "rank 1: all_reduce #100 float32 x 1001 op sum \\(count differs from rank 0\\)")
+  elseif(SCENARIO STREQUAL "late_count_100000")
+    list(APPEND expect "rank 1: all_reduce #100 float32 x 100000 op sum \\(count differs from rank 0\\)")
+  else()
+    list(APPEND expect "rank 0: all_reduce #101 float32 x 1000 op sum; rank 1: barrier #101")
+  endif()
+elseif(SCENARIO MATCHES "^late_(count_1001|count_100000|skip)$" AND MODE STREQUAL "sampled")
+  # #100 is not sampled: MPI meets the mismatch. Whatever it does with it (an error on some
+  # ranks, garbage or a wait on others), the job ends with strata's abort and an error that
+  # names the collective.
+  # Counts: MPI reports a truncation on some rank, which says the call was not fingerprinted;
+  # the program catches it and returns, and mpi_environment ends the job as it goes. A skipped
+  # call: the ranks wait in different calls until the deadline.
+  set(expect_exit abort)
+  if(SCENARIO STREQUAL "late_skip")
+    list(APPEND expect "comm error \\(timeout\\) on rank [0-9]+ in [a-z_]+ #101: [^\n]*waiting for the other ranks of the communicator[^\n]*it was not fingerprinted \\(comm_config.fingerprint = sampled\\)")
+  else()
+    list(APPEND expect "comm error \\(backend\\) on rank [0-9]+ in all_reduce #100: [^\n]*this collective was not fingerprinted \\(comm_config.fingerprint = sampled\\)"
+      "strata: rank [0-9]+ of ${NP}: MPI failed an operation of this rank, which leaves its communicator unusable")
+  endif()
+  list(APPEND expect "calling MPI_Abort")
 elseif(SCENARIO STREQUAL "kill")
   set(fault "rank=1,op=all_reduce,seq=1,action=kill")
   set(expect_exit nonzero)
@@ -91,6 +122,9 @@ else()
   unset(ENV{STRATA_COMM_FAULT})
 endif()
 list(APPEND _command "${PROGRAM}" "${SCENARIO}")
+if(DEFINED MODE)
+  list(APPEND _command "${MODE}")
+endif()
 string(JOIN " " _shown ${_command})
 if(fault)
   set(_shown "STRATA_COMM_FAULT=${fault} ${_shown}")

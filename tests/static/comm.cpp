@@ -61,6 +61,8 @@ static_assert(!strata::comm::comm_backend_splits<no_split>);
 static_assert(!strata::comm::comm_backend<no_split>);
 static_assert(!strata::comm::comm_backend<untagged>);
 static_assert(!strata::comm::comm_backend<int>);
+// Every collective is fingerprinted unless a program asks for less, in every build.
+static_assert(strata::comm::comm_config{}.fingerprint == strata::comm::fingerprint_mode::always);
 
 int main() {
   return 0;

@@ -136,7 +136,10 @@ constexpr bool mpi_reduces_natively(dtype type) noexcept {
 //     communicator stays usable. Non-blocking calls do not wait for the check: it completes in
 //     test() / wait() of any request of the communicator. With fingerprint_mode::sampled only the
 //     sampled collectives are checked, so a call that differs between the checks may still reach
-//     MPI; split is always checked.
+//     MPI; split is always checked. When MPI fails an operation (an unchecked mismatch of
+//     counts, say) the rank throws comm_error (backend), naming an unchecked collective as
+//     such, and mpi_environment ends the job when it goes, whether or not the program caught
+//     the error: the ranks are out of step, and MPI_Finalize could wait for ever.
 //   - errors come back from MPI (MPI_ERRORS_RETURN on every communicator) and become comm_error
 //     (backend) with MPI_Error_string's text; a receive that gets a different element count than
 //     it asked for is a comm_error (mismatch).
@@ -240,13 +243,16 @@ inline int mpi_world_rank() noexcept {
 
 // The text of the last error a communicator of this process threw, printed by mpi_environment
 // when an exception leaves it.
+// Both live until the process ends (never destroyed): an mpi_environment made before the first
+// error, as a function-local static say, reads them in its destructor after every static made
+// later is gone.
 inline std::mutex& last_error_mutex() {
-  static std::mutex m;
-  return m;
+  static auto* m = new std::mutex;
+  return *m;
 }
 inline std::string& last_error_text() {
-  static std::string text;
-  return text;
+  static auto* text = new std::string;
+  return *text;
 }
 inline void record_error(const std::string& text) {
   const std::lock_guard lock(last_error_mutex());
@@ -255,6 +261,13 @@ inline void record_error(const std::string& text) {
 inline std::string last_error() {
   const std::lock_guard lock(last_error_mutex());
   return last_error_text();
+}
+// Set when MPI itself failed an operation of this process (a backend comm_error): MPI leaves a
+// communicator's state undefined after an error, and other ranks may be waiting in an operation
+// this one will never join, so mpi_environment ends the job rather than finalize.
+inline std::atomic<bool>& out_of_step() {
+  static std::atomic<bool> flag{false};
+  return flag;
 }
 
 // Prints `message` to stderr in one write and aborts every process of the job.
@@ -404,6 +417,14 @@ class mpi_environment {
             (last.empty() ? std::string() : "; the last error on this rank: " + last) +
             "\nstrata: calling MPI_Abort so that no other rank waits for this one");
     }
+    if (detail::out_of_step().load()) {
+      // The program caught a backend error and ended normally; MPI_Finalize could wait forever
+      // for ranks still inside the failed operation's sequence.
+      abort("strata: rank " + std::to_string(rank_) + " of " + std::to_string(size_) +
+            ": MPI failed an operation of this rank, which leaves its communicator unusable; " +
+            "the last error on this rank: " + detail::last_error() +
+            "\nstrata: calling MPI_Abort so that no other rank waits for this one");
+    }
     if (owns_) {
       detail::mpi_user_ops::global().free_all();
       MPI_Finalize();
@@ -530,8 +551,9 @@ struct mpi_pending {
   std::vector<std::byte> scratch_recv{};
 
   mpi_phase phase = mpi_phase::queued;
-  bool blocking = false;  // a blocking call: posted as the blocking MPI function (see post)
-  bool checked = false;   // a fingerprint check is in flight on `check`
+  bool blocking = false;       // a blocking call: posted as the blocking MPI function (see post)
+  bool checked = false;        // a fingerprint check is in flight on `check`
+  bool fingerprinted = false;  // the ranks compared fingerprints before it was posted
   fingerprint_words words_out{};
   fingerprint_words words_in{};
   MPI_Request check_request = MPI_REQUEST_NULL;
@@ -563,8 +585,17 @@ struct mpi_pending {
   }
 
   void fail_mpi(int code, const std::string& call) {
+    out_of_step().store(true);
+    std::string unchecked;
+    if (!fingerprinted && signature.op != op_kind::send && signature.op != op_kind::recv) {
+      unchecked =
+          "; this collective was not fingerprinted (comm_config.fingerprint = " +
+          std::string(owner->config.fingerprint == fingerprint_mode::off ? "off" : "sampled") +
+          "), so the ranks may have called different collectives: fingerprint = always "
+          "checks every one before data moves";
+    }
     fail(comm_error_kind::backend, call + " failed: " + mpi_error_string(code) + " (" + describe() +
-                                       "; " + owner->describe_ranks() + ")");
+                                       "; " + owner->describe_ranks() + ")" + unchecked);
   }
 
   // Past the deadline: print the error with this rank's history and end the job.
@@ -589,9 +620,16 @@ struct mpi_pending {
     if (peer >= 0) {
       i.missing = {peer};
     }
+    std::string unchecked;
+    if (!fingerprinted && signature.op != op_kind::send && signature.op != op_kind::recv) {
+      unchecked =
+          "; it was not fingerprinted (comm_config.fingerprint = " +
+          std::string(owner->config.fingerprint == fingerprint_mode::off ? "off" : "sampled") +
+          "), so the ranks may have called different collectives";
+    }
     const comm_error e(i, describe() + " did not complete within comm_config.timeout = " +
                               seconds_text(owner->config.timeout) + " s, waiting for " + waiting +
-                              "; " + owner->describe_ranks());
+                              "; " + owner->describe_ranks() + unchecked);
     record_error(e.what());
     print_and_abort("strata: " + std::string(e.what()) + "\nstrata: the last operations of rank " +
                         std::to_string(owner->rank) + " (oldest first):\n" +
@@ -737,7 +775,9 @@ inline void post(mpi_pending& p) {
   const char* call = "";
   if (p.blocking) {
     // Blocking calls use MPI's blocking collectives, which Open MPI implements faster than the
-    // non-blocking ones; the watchdog keeps the deadline.
+    // non-blocking ones; the watchdog keeps the deadline (and, should it pass, says the call
+    // waits for the other ranks: the phase is `posted` while MPI runs it).
+    p.phase = mpi_phase::posted;
     rc = post_blocking(p, send, n, call);
     if (rc != MPI_ERR_PENDING) {
       p.request = MPI_REQUEST_NULL;
@@ -1418,6 +1458,7 @@ class mpi {
         fail_now(*p, rc, "MPI_Iallreduce (fingerprint check)");
       }
       p->checked = true;
+      p->fingerprinted = true;
     }
     s.queue.push_back(p);
     detail::advance(s);

@@ -36,6 +36,8 @@ enum class bucket_launch_kind { automatic, async, blocking };
 enum class resume_mode { automatic, required, never };
 // Who computes the layers' matrix products (model/gemm.hpp); auto chooses by the CPU.
 enum class gemm_kind { automatic, onednn, openblas, eigen };
+// Which collectives the ranks fingerprint before data moves (comm::fingerprint_mode).
+enum class comm_fingerprint_kind { always, sampled, off };
 
 // The spelling of each enum value in TOML and on the command line.
 template <class E>
@@ -84,6 +86,11 @@ struct enum_names<resume_mode> {
 template <>
 struct enum_names<gemm_kind> {
   static constexpr std::array<std::string_view, 4> names{"auto", "onednn", "openblas", "eigen"};
+};
+
+template <>
+struct enum_names<comm_fingerprint_kind> {
+  static constexpr std::array<std::string_view, 3> names{"always", "sampled", "off"};
 };
 
 template <>
@@ -212,6 +219,7 @@ struct train_config {
 
   // Communication.
   double comm_timeout = 300.0;  // seconds any wait may take before it becomes a comm_error
+  comm_fingerprint_kind comm_fingerprint = comm_fingerprint_kind::always;
 
   bool operator==(const train_config&) const = default;
 };
@@ -420,6 +428,12 @@ constexpr void visit_keys(Visitor&& v) {
   // Communication.
   v(real_key{"comm_timeout", &c::comm_timeout, 0.0, 86400.0, true,
              "Seconds any communication wait may take before it fails on every rank."});
+  v(enum_key<comm_fingerprint_kind>{
+      "comm_fingerprint", &c::comm_fingerprint,
+      "Collectives the ranks compare before data moves: always = every one (a mismatch is an "
+      "error on every rank); sampled = the first 64, then every 256th (MPI: where MPI notices "
+      "an unchecked mismatch the job ends with it, else results are wrong); off = none. The "
+      "threads backend checks every call whatever this says."});
 }
 
 // The names of every key, in order.

@@ -15,8 +15,8 @@
 //
 // Keys that may differ while a run is continued (continuable_keys): how long it trains (epochs;
 // the learning-rate schedule is recomputed for the new count), where files are and go, how data
-// is read, how progress is shown, when it stops, how long a wait may take, and how many test
-// samples are evaluated.
+// is read, how progress is shown, when it stops, how long a wait may take, which collectives are
+// fingerprinted, and how many test samples are evaluated.
 //
 // Every checkpoint's state carries the record (to_json: name, fingerprint, every key's value,
 // the model's tensors), so a refusal names what differs: "lr: 0.05 in the checkpoint, 0.1 in
@@ -51,11 +51,11 @@
 namespace strata::train {
 
 // Keys a continued run may change (see the header comment).
-inline constexpr std::array<std::string_view, 17> continuable_keys{
-    "epochs",    "data_dir",       "loader_workers", "prefetch_depth",   "blas_threads",
-    "gemm",      "loader_timeout", "checkpoint_dir", "checkpoint_keep",  "checkpoint_interval",
-    "resume",    "run_name",       "max_steps",      "max_eval_samples", "metrics_file",
-    "log_every", "comm_timeout"};
+inline constexpr std::array<std::string_view, 18> continuable_keys{
+    "epochs",    "data_dir",       "loader_workers",  "prefetch_depth",   "blas_threads",
+    "gemm",      "loader_timeout", "checkpoint_dir",  "checkpoint_keep",  "checkpoint_interval",
+    "resume",    "run_name",       "max_steps",       "max_eval_samples", "metrics_file",
+    "log_every", "comm_timeout",   "comm_fingerprint"};
 
 inline bool is_continuable_key(std::string_view key) noexcept {
   return std::find(continuable_keys.begin(), continuable_keys.end(), key) != continuable_keys.end();
