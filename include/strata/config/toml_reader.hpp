@@ -183,7 +183,11 @@ inline void apply_toml(train_config& cfg, std::string_view document, std::string
                                        .column = static_cast<std::uint32_t>(where.begin.column)},
                        "TOML syntax error: " + std::string(e.description()));
   }
-  for (const auto& [toml_key, node] : table) {
+  for (const auto& entry : table) {
+    // Named references, not a structured binding: the lambda below captures them (clang 14
+    // cannot capture structured bindings; the fuzz targets build with clang).
+    const toml::key& toml_key = entry.first;
+    const toml::node& node = entry.second;
     const std::string_view name = toml_key.str();
     bool found = false;
     visit_keys([&](const auto& key) {
