@@ -16,6 +16,16 @@ if(STRATA_SANITIZE)
     -fno-sanitize=vptr)
 endif()
 
+# ThreadSanitizer (the TSan job builds only the tests of code where threads meet: tests/tsan.cmake).
+if(STRATA_TSAN)
+  if(STRATA_SANITIZE)
+    message(FATAL_ERROR "STRATA_TSAN and STRATA_SANITIZE cannot be combined (one build each)")
+  endif()
+  target_compile_options(strata_build_flags INTERFACE
+    $<$<COMPILE_LANGUAGE:CXX>:-fsanitize=thread -fno-omit-frame-pointer>)
+  target_link_options(strata_build_flags INTERFACE -fsanitize=thread)
+endif()
+
 # CMake 3.25 does not know nvcc's C++20 flag (cuda_std_20 needs 3.26+), so say it directly.
 add_library(strata_cuda_flags INTERFACE)
 target_compile_options(strata_cuda_flags INTERFACE $<$<COMPILE_LANGUAGE:CUDA>:-std=c++20>)
