@@ -20,10 +20,12 @@ set(_tsan_tests
   "comm|algorithms|"
   "data|prefetch_loader|"
   "parallel|data_parallel|")
-set(_tsan_families comm data parallel)
-foreach(_family IN LISTS _tsan_families)
-  file(GLOB _files CONFIGURE_DEPENDS "${CMAKE_CURRENT_SOURCE_DIR}/unit/${_family}/test_*.cpp")
-  add_executable(unit_${_family} unit/main.cpp ${_files})
+# Each program is built from the test files it runs, nothing else.
+set(_tsan_files_comm unit/comm/test_threads.cpp unit/comm/test_algorithms.cpp)
+set(_tsan_files_data unit/data/test_prefetch_loader.cpp)
+set(_tsan_files_parallel unit/parallel/test_data_parallel.cpp)
+foreach(_family comm data parallel)
+  add_executable(unit_${_family} unit/main.cpp ${_tsan_files_${_family}})
   target_link_libraries(unit_${_family} PRIVATE strata::core doctest::doctest strata_build_flags)
   target_include_directories(unit_${_family} PRIVATE "${CMAKE_CURRENT_SOURCE_DIR}")
   target_compile_definitions(unit_${_family} PRIVATE STRATA_SOURCE_DIR="${PROJECT_SOURCE_DIR}"

@@ -45,6 +45,7 @@
 
 #include "strata/config/train_config.hpp"
 #include "strata/config/validate.hpp"
+#include "strata/core/dtype.hpp"
 #include "strata/core/error.hpp"
 #include "strata/model/param_store.hpp"
 
@@ -300,6 +301,95 @@ inline std::optional<std::filesystem::path> set_aside(const std::filesystem::pat
     }
     return to;
   }
+}
+
+// Keys that may differ between the ranks of one job: where this rank reads data and writes its
+// metrics, how its loader and GEMM use its machine, how it shows progress, and how long it
+// waits. Every other key, and the model, must be the same on every rank.
+inline constexpr std::array<std::string_view, 9> per_rank_keys{
+    "data_dir",       "loader_workers", "prefetch_depth", "blas_threads", "gemm",
+    "loader_timeout", "metrics_file",   "log_every",      "comm_timeout"};
+
+// Throws config_error on every rank when the ranks of `comm` were started with different
+// settings (outside per_rank_keys) or a different model (tensors, shapes, policies): each key's
+// value and the model record are hashed and gathered, so every rank finds the same differences.
+// The error names the first key that differs, this rank's value and the ranks that differ from
+// rank 0. A collective: every rank of `comm` calls it once, before training.
+template <class Comm>
+void check_ranks_agree(Comm& comm, const run_identity& run) {
+  const std::size_t n = run.settings.size() + 1;  // every key, then the model
+  std::vector<std::int64_t> mine(n, 0);
+  for (std::size_t i = 0; i < run.settings.size(); ++i) {
+    const auto& [key, value] = run.settings[i];
+    const bool per_rank =
+        std::find(per_rank_keys.begin(), per_rank_keys.end(), key) != per_rank_keys.end();
+    mine[i] = per_rank ? 0 : static_cast<std::int64_t>(XXH3_64bits(value.data(), value.size()));
+  }
+  std::string model = "model record 1\n";
+  for (const auto& [name, shape] : run.model) {
+    model += name + " " + shape + "\n";
+  }
+  mine[n - 1] = static_cast<std::int64_t>(XXH3_64bits(model.data(), model.size()));
+  const auto size = static_cast<std::size_t>(comm.size());
+  std::vector<std::int64_t> all(n * size, 0);
+  comm.all_gather(mine.data(), all.data(), n, dtype::int64);
+  std::vector<std::string> differences;
+  std::string first_key;
+  for (std::size_t i = 0; i < n; ++i) {
+    std::vector<int> differ;
+    for (std::size_t r = 1; r < size; ++r) {
+      if (all[r * n + i] != all[i]) {
+        differ.push_back(static_cast<int>(r));
+      }
+    }
+    if (differ.empty()) {
+      continue;
+    }
+    std::string ranks;
+    for (const int r : differ) {
+      ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+    }
+    if (i + 1 == n) {
+      std::string tensors;
+      std::size_t count = 0;
+      for (const auto& [name, shape] : run.model) {
+        if (count++ < 3) {
+          tensors += (tensors.empty() ? "" : ", ") + name + " " + shape;
+        }
+      }
+      differences.push_back(
+          "the model (tensors, input and output shapes, policies) differs "
+          "on rank(s) " +
+          ranks + " from rank 0's; this rank's has " + std::to_string(run.model.size()) +
+          " entries: " + tensors + (count > 3 ? ", ..." : ""));
+      if (first_key.empty()) {
+        first_key = "model";
+      }
+    } else {
+      const auto& [key, value] = run.settings[i];
+      differences.push_back(key + " differs on rank(s) " + ranks +
+                            " from rank 0 (this rank: " + key + " = " + value + ")");
+      if (first_key.empty() || first_key == "model") {
+        first_key = key;
+      }
+    }
+  }
+  if (differences.empty()) {
+    return;
+  }
+  std::string message = "rank " + std::to_string(comm.rank()) + " of " + std::to_string(size) +
+                        ": the ranks were started with different settings: ";
+  for (std::size_t i = 0; i < differences.size(); ++i) {
+    message += (i == 0 ? "" : "; ") + differences[i];
+  }
+  message += ". Every rank must run the same configuration and model; only ";
+  for (std::size_t i = 0; i < per_rank_keys.size(); ++i) {
+    message += (i == 0 ? "" : ", ") + std::string(per_rank_keys[i]);
+  }
+  message += " may differ";
+  throw config_error(
+      {.key = first_key == "model" ? std::string() : first_key, .file = {}, .line = 0, .column = 0},
+      message);
 }
 
 }  // namespace strata::train

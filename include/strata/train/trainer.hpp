@@ -465,6 +465,8 @@ class trainer {
                            {.alignment = 64, .zero_fill = true});
     precision_.prepare([&] { return make_store(model_, state_shards(cfg_, world_size())); });
     if constexpr (distributed) {
+      // Every rank runs the same settings and model before anything moves or is written.
+      check_ranks_agree(*comm_, run_);
       comm_->broadcast(params_.values().data(), params_.size(), dtype::float32, 0);
     }
     if constexpr (ps) {

@@ -12,6 +12,7 @@
 #include <functional>
 #include <limits>
 #include <mutex>
+#include <regex>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -385,6 +386,61 @@ TEST_CASE("a data-parallel trainer on thread ranks, as docs/parallel.md shows it
     CHECK(s.steps == 2 * 2);  // 512 samples make 2 steps of 256 per epoch
   }
   CHECK(summaries[1].params_xxh3 == summaries[0].params_xxh3);  // every rank holds the same model
+}
+
+TEST_CASE("ranks started with different settings or models refuse to train, on every rank") {
+  auto config = base_config("ranks-differ");
+  config.world_size = 2;
+  // Each case gives rank 1 something else; every rank must throw config_error naming it.
+  struct variant {
+    std::string what;
+    std::function<void(strata::config::train_config&)> change;
+    bool other_model;
+    std::string key;
+    std::string message;
+  };
+  const std::vector<variant> variants{
+      {"lr", [](auto& c) { c.lr = 0.2; }, false, "lr", "lr differs on rank\\(s\\) 1 from rank 0"},
+      {"epochs", [](auto& c) { c.epochs = 3; }, false, "epochs", "epochs differs on rank"},
+      {"model", [](auto&) {}, true, "", "the model \\(tensors"},
+  };
+  for (const variant& v : variants) {
+    CAPTURE(v.what);
+    const auto outcomes = threads::try_run(2, [&](threads& comm) {
+      auto cfg = config;
+      auto model = small_model();
+      if (comm.rank() == 1) {
+        v.change(cfg);
+        if (v.other_model) {
+          model = sm::sequential(strata::sample_shape{.channels = 1, .height = 1, .width = 8},
+                                 sm::linear{.in = 8, .out = 16}, sm::relu{},
+                                 sm::dropout{.rate = 0.1}, sm::linear{.in = 16, .out = 32},
+                                 sm::relu{}, sm::linear{.in = 32, .out = 4});
+        }
+      }
+      strata::train::trainer<model_t, strata::parallel::data<>> run(model, cfg,
+                                                                    strata::comm::any_comm(comm));
+    });
+    for (const auto& e : outcomes) {
+      REQUIRE(e != nullptr);
+      try {
+        std::rethrow_exception(e);
+      } catch (const strata::config_error& err) {
+        CHECK(err.key() == v.key);
+        CHECK_MESSAGE(std::regex_search(err.what(), std::regex(v.message)), err.what());
+      }
+    }
+  }
+  // Keys that are a rank's own (data_dir, loader_workers, ...) may differ.
+  threads::run(2, [&](threads& comm) {
+    auto cfg = config;
+    if (comm.rank() == 1) {
+      cfg.loader_workers = 2;
+      cfg.log_every = 7;
+    }
+    strata::train::trainer<model_t, strata::parallel::data<>> run(small_model(), cfg,
+                                                                  strata::comm::any_comm(comm));
+  });
 }
 
 TEST_CASE("policies of three families and a communicator make one trainer") {
