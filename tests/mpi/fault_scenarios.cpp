@@ -65,6 +65,29 @@ void mismatch(mpi& comm, const std::string& scenario) {
   }
 }
 
+enum class wrong_call_outcome { no_error, mismatch, other_error };
+
+// Makes the wrong call of `scenario`; a rank that catches comm_error prints it.
+wrong_call_outcome wrong_call(mpi& comm, const std::string& scenario) {
+  try {
+    mismatch(comm, scenario);
+    return wrong_call_outcome::no_error;
+  } catch (const strata::comm_error& e) {
+    say(comm, std::string("caught ") + e.what());
+    return e.kind() == strata::comm_error_kind::mismatch ? wrong_call_outcome::mismatch
+                                                         : wrong_call_outcome::other_error;
+  }
+}
+
+// After a mismatch the communicator is still in step on every rank: 0 when an all_reduce of 1s
+// gives the rank count.
+int in_step(mpi& comm) {
+  std::vector<std::int32_t> one{1};
+  comm.all_reduce(one.data(), one.data(), 1, dtype::int32, reduce_op::sum);
+  say(comm, "after the mismatch, all_reduce gives " + std::to_string(one[0]));
+  return one[0] == comm.size() ? 0 : 1;
+}
+
 // The mismatch of a late_* scenario at collective #100. Like a user's program, a rank that
 // catches comm_error prints it and returns 1; a rank whose call completed goes on to the next
 // collective.
@@ -73,19 +96,14 @@ int late(const std::string& scenario, mpi& comm) {
   for (int i = 0; i < 100; ++i) {
     comm.all_reduce(data.data(), data.data(), data.size(), dtype::float32, reduce_op::sum);
   }
-  try {
-    mismatch(comm, scenario.substr(std::string("late_").size()));
-    say(comm, "no error at #100");
-  } catch (const strata::comm_error& e) {
-    say(comm, std::string("caught ") + e.what());
-    if (e.kind() != strata::comm_error_kind::mismatch) {
-      return 1;
-    }
+  const wrong_call_outcome outcome = wrong_call(comm, scenario.substr(std::string("late_").size()));
+  if (outcome == wrong_call_outcome::other_error) {
+    return 1;
   }
-  std::vector<std::int32_t> one{1};
-  comm.all_reduce(one.data(), one.data(), 1, dtype::int32, reduce_op::sum);
-  say(comm, "after the mismatch, all_reduce gives " + std::to_string(one[0]));
-  return one[0] == comm.size() ? 0 : 1;
+  if (outcome == wrong_call_outcome::no_error) {
+    say(comm, "no error at #100");
+  }
+  return in_step(comm);
 }
 
 int run(const std::string& scenario, mpi& comm) {
@@ -128,21 +146,16 @@ int run(const std::string& scenario, mpi& comm) {
     say(comm, "completed the all_reduce: " + std::to_string(big[0]));
     return 1;
   }
-  try {
-    mismatch(comm, scenario);
-    say(comm, "not reached: no error");
-    return 1;
-  } catch (const strata::comm_error& e) {
-    say(comm, std::string("caught ") + e.what());
-    if (e.kind() != strata::comm_error_kind::mismatch) {
+  switch (wrong_call(comm, scenario)) {
+    case wrong_call_outcome::no_error:
+      say(comm, "not reached: no error");
       return 1;
-    }
+    case wrong_call_outcome::other_error:
+      return 1;
+    case wrong_call_outcome::mismatch:
+      break;
   }
-  // The communicator is still in step on every rank.
-  std::vector<std::int32_t> one{1};
-  comm.all_reduce(one.data(), one.data(), 1, dtype::int32, reduce_op::sum);
-  say(comm, "after the mismatch, all_reduce gives " + std::to_string(one[0]));
-  return one[0] == comm.size() ? 0 : 1;
+  return in_step(comm);
 }
 
 }  // namespace
