@@ -493,6 +493,14 @@ inline loaded_checkpoint checkpoint_read_manifest(const std::filesystem::path& d
   } catch (const nlohmann::json::parse_error& e) {
     checkpoint_fail(manifest_path, "manifest parse",
                     "manifest.json: parse error at byte " + std::to_string(e.byte));
+  } catch (const nlohmann::json::exception& e) {
+    // Well-formed JSON the parser still refuses, e.g. a number beyond double's range; the
+    // parser's "[json.exception...] " prefix is dropped.
+    const std::string_view what = e.what();
+    const std::size_t end = what.find("] ");
+    checkpoint_fail(manifest_path, "manifest parse",
+                    "manifest.json: " +
+                        std::string(end == std::string_view::npos ? what : what.substr(end + 2)));
   }
   const auto schema = [&](const std::string& message) {
     checkpoint_fail(manifest_path, "manifest schema", "manifest.json: " + message);

@@ -363,6 +363,12 @@ TEST_CASE("a torn or corrupt newest checkpoint is skipped, naming the file and t
     check = "manifest parse";
     text = "manifest.json: parse error at byte 41";
   }
+  SUBCASE("manifest number beyond double") {
+    bad_file = d2 / "manifest.json";
+    write_text(bad_file, "1e702");
+    check = "manifest parse";
+    text = "manifest.json: number overflow parsing '1e702'";
+  }
   SUBCASE("unknown format version") {
     bad_file = d2 / "manifest.json";
     json manifest = json::parse(read_text(bad_file));
