@@ -22,6 +22,7 @@
 // before the save; a failure after it (the last fsync, removing an old checkpoint) throws with
 // the new checkpoint committed. A crash between the two renames of step 3 leaves that one name
 // absent (the older checkpoints still load); the next save cleans up the set-aside copy.
+// checkpoint_fault.hpp kills the process at a phase of a save on request (the fault suite).
 //
 // Load. A checkpoint is intact when manifest.json parses, has a known format version and
 // well-formed fields, and every listed file exists with the listed size and xxh3. load_latest
@@ -68,6 +69,7 @@
 #include <vector>
 
 #include "strata/core/error.hpp"
+#include "strata/train/checkpoint_fault.hpp"
 
 namespace strata::train {
 
@@ -659,6 +661,9 @@ class checkpoint_store {
       records.push_back({.name = blob.name,
                          .size = static_cast<std::uint64_t>(blob.bytes.size()),
                          .xxh3 = detail::checkpoint_xxh3(blob.bytes)});
+      if (records.size() == 1) {
+        detail::checkpoint_crash_point(checkpoint_phase::shards, stage.path);
+      }
     }
     return records;
   }
@@ -723,9 +728,11 @@ class checkpoint_store {
       detail::checkpoint_fail(stage.path / "manifest.json", "manifest write",
                               std::string("cannot serialize the manifest: ") + e.what());
     }
+    detail::checkpoint_crash_point(checkpoint_phase::manifest, stage.path);
     detail::checkpoint_write_file(stage.path / "manifest.json",
                                   std::as_bytes(std::span(manifest_text)));
     detail::checkpoint_sync_dir(stage.path);
+    detail::checkpoint_crash_point(checkpoint_phase::rename, stage.path);
 
     const fs::path target = config_.dir / name;
     const fs::path aside = config_.dir / (".old-" + name + "-" + std::to_string(stage.token));
@@ -742,6 +749,7 @@ class checkpoint_store {
       detail::checkpoint_rename(stage.path, target);
       renamed = true;
       detail::checkpoint_sync_dir(config_.dir);
+      detail::checkpoint_crash_point(checkpoint_phase::latest, target);
       const std::string latest_text = name + "\n";
       detail::checkpoint_write_file(latest_tmp, std::as_bytes(std::span(latest_text)));
       detail::checkpoint_rename(latest_tmp, latest);
@@ -757,6 +765,7 @@ class checkpoint_store {
       throw;
     }
     detail::checkpoint_sync_dir(config_.dir);
+    detail::checkpoint_crash_point(checkpoint_phase::cleanup, target);
 
     // Step 5: what is left is garbage to every reader, so failures here only cost disk space,
     // except when an old checkpoint stays (reported).

@@ -1,0 +1,125 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+// Crash points of the checkpoint writer, for the fault suite: the process kills itself (SIGKILL:
+// no destructor, no flush, as the OOM killer or a lost node would end it) at one phase of a save,
+// so that a test can prove a restart finds the newest committed checkpoint.
+//
+// Through the environment (read once, at the first crash point a process reaches):
+//   STRATA_CHECKPOINT_FAULT="phase=<phase>,save=<N>"
+// The process dies the N-th time (1 = the first) one of its saves reaches <phase>:
+//   shards    the first file is staged, the others are not
+//   manifest  every file is staged, manifest.json is not written
+//   rename    the staging directory is complete (manifest synced), not renamed into place
+//   latest    the checkpoint has its final name, `latest` still names the previous one
+//   cleanup   `latest` names it; leftovers and checkpoints beyond `keep` are not removed
+// It writes one line to stderr before it dies, naming the phase, the save and the directory.
+
+#include <csignal>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "strata/core/error.hpp"
+
+namespace strata::train {
+
+enum class checkpoint_phase : std::uint8_t { shards, manifest, rename, latest, cleanup };
+
+inline constexpr std::string_view checkpoint_phase_names[] = {"shards", "manifest", "rename",
+                                                              "latest", "cleanup"};
+
+constexpr std::string_view to_string(checkpoint_phase p) noexcept {
+  return checkpoint_phase_names[static_cast<std::size_t>(p)];
+}
+
+struct checkpoint_fault {
+  checkpoint_phase phase = checkpoint_phase::shards;
+  std::uint64_t save = 1;
+};
+
+// Parses "phase=manifest,save=2"; throws strata::error naming the variable and the field.
+inline checkpoint_fault parse_checkpoint_fault(std::string_view text) {
+  const auto fail = [&](const std::string& why) {
+    return error("STRATA_CHECKPOINT_FAULT='" + std::string(text) + "': " + why);
+  };
+  checkpoint_fault out;
+  bool has_phase = false;
+  while (!text.empty()) {
+    const std::size_t comma = text.find(',');
+    const std::string_view field = text.substr(0, comma);
+    text = comma == std::string_view::npos ? std::string_view() : text.substr(comma + 1);
+    const std::size_t eq = field.find('=');
+    const std::string_view key = field.substr(0, eq);
+    const std::string_view value = eq == std::string_view::npos ? "" : field.substr(eq + 1);
+    if (key == "phase") {
+      has_phase = false;
+      for (std::size_t i = 0; i < std::size(checkpoint_phase_names); ++i) {
+        if (value == checkpoint_phase_names[i]) {
+          out.phase = static_cast<checkpoint_phase>(i);
+          has_phase = true;
+        }
+      }
+      if (!has_phase) {
+        throw fail("unknown phase '" + std::string(value) +
+                   "' (shards, manifest, rename, latest or cleanup)");
+      }
+    } else if (key == "save") {
+      std::uint64_t n = 0;
+      for (const char c : value) {
+        if (c < '0' || c > '9' || n > (std::uint64_t{1} << 40)) {
+          throw fail("save must be a positive integer, not '" + std::string(value) + "'");
+        }
+        n = n * 10 + static_cast<std::uint64_t>(c - '0');
+      }
+      if (n == 0) {
+        throw fail("save must be a positive integer, not '" + std::string(value) + "'");
+      }
+      out.save = n;
+    } else {
+      throw fail("unknown field '" + std::string(field) + "' (phase=..., save=N)");
+    }
+  }
+  if (!has_phase) {
+    throw fail("phase=... is required");
+  }
+  return out;
+}
+
+namespace detail {
+
+// Called by checkpoint_store at each phase of a save; kills the process where the environment
+// says so, else returns. Cheap when the variable is not set.
+inline void checkpoint_crash_point(checkpoint_phase phase, const std::filesystem::path& dir) {
+  static const std::optional<checkpoint_fault> fault = []() -> std::optional<checkpoint_fault> {
+    const char* env = std::getenv("STRATA_CHECKPOINT_FAULT");
+    if (env == nullptr || *env == '\0') {
+      return std::nullopt;
+    }
+    return parse_checkpoint_fault(env);
+  }();
+  if (!fault || fault->phase != phase) {
+    return;
+  }
+  static std::mutex mutex;
+  static std::uint64_t reached = 0;
+  const std::lock_guard lock(mutex);
+  if (++reached != fault->save) {
+    return;
+  }
+  std::fprintf(stderr,
+               "strata: STRATA_CHECKPOINT_FAULT: killing this process at phase %s of save %llu "
+               "(%s)\n",
+               std::string(to_string(phase)).c_str(), static_cast<unsigned long long>(reached),
+               dir.string().c_str());
+  std::fflush(stderr);
+  std::raise(SIGKILL);
+}
+
+}  // namespace detail
+}  // namespace strata::train

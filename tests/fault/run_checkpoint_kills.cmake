@@ -1,0 +1,68 @@
+# SPDX-License-Identifier: Apache-2.0
+# The checkpoint writer killed at each phase of a save, again and again: runs an example trainer
+# once per entry of KILLS with STRATA_CHECKPOINT_FAULT="phase=<phase>,save=<N>" (the process
+# that writes checkpoints kills itself there, see train/checkpoint_fault.hpp), then once without
+# a fault. Each run must die where it was told to, and the next one must continue from the
+# checkpoint `latest` named after the kill (or start afresh when there was none); the last run
+# must finish with nothing half-written left behind and end with the parameters of a run that
+# was never interrupted.
+#
+#   cmake -DPROGRAM=fashion_mnist_mlp "-DLAUNCHER=mpiexec;-n;2;..." "-DARGS=..." -DWORK=dir
+#         "-DKILLS=shards:2;manifest:2;rename:2;latest:2;cleanup:1" [-DLIMIT=60]
+#         -P run_checkpoint_kills.cmake
+cmake_minimum_required(VERSION 3.25)  # modern policies (CMP0054: quoted if() arguments)
+foreach(_var PROGRAM WORK KILLS)
+  if(NOT DEFINED ${_var})
+    message(FATAL_ERROR "run_checkpoint_kills.cmake: -D${_var}=... is required")
+  endif()
+endforeach()
+if(NOT DEFINED LIMIT)
+  set(LIMIT 60)
+endif()
+file(REMOVE_RECURSE "${WORK}")
+file(MAKE_DIRECTORY "${WORK}")
+set(_dir "${WORK}/checkpoints")
+set(_failures "")
+set(FAULT_VAR STRATA_CHECKPOINT_FAULT)
+include("${CMAKE_CURRENT_LIST_DIR}/fault_common.cmake")
+
+# Appends to _failures unless run "faulty" continued from checkpoint `from` ("" = started
+# afresh).
+macro(check_continued from what)
+  if("${from}" STREQUAL "")
+    if(NOT out_faulty MATCHES "run faulty: starting afresh")
+      list(APPEND _failures "${what}: expected a fresh start (no checkpoint was committed)")
+    endif()
+  elseif(NOT out_faulty MATCHES "run faulty: resumed from [^\n]*faulty/${from}[ \n]")
+    list(APPEND _failures "${what}: did not continue from ${from}, which `latest` named")
+  endif()
+endmacro()
+
+set(_from "")
+foreach(_kill IN LISTS KILLS)
+  string(REPLACE ":" ";" _parts "${_kill}")
+  list(GET _parts 0 _phase)
+  list(GET _parts 1 _save)
+  set(_what "the run killed at phase ${_phase} of save ${_save}")
+  run_case(faulty "phase=${_phase},save=${_save}")
+  if(rc_faulty MATCHES "timeout" OR rc_faulty STREQUAL "0")
+    list(APPEND _failures "${_what}: exit ${rc_faulty}, expected to be killed")
+  endif()
+  if(NOT out_faulty MATCHES "killing this process at phase ${_phase} of save ${_save} ")
+    list(APPEND _failures "${_what}: the fault did not fire")
+  endif()
+  check_continued("${_from}" "${_what}")
+  set(_from "")
+  if(EXISTS "${_dir}/faulty/latest")
+    file(STRINGS "${_dir}/faulty/latest" _from LIMIT_COUNT 1)
+  endif()
+endforeach()
+
+run_case(faulty "")
+if(NOT rc_faulty EQUAL 0)
+  list(APPEND _failures "the run without a fault failed (exit ${rc_faulty})")
+endif()
+check_continued("${_from}" "the run without a fault")
+check_no_staging()
+check_same_as_straight("${out_faulty}")
+report_failures()
