@@ -4,7 +4,8 @@
 // A precision policy written outside the library: float32 that guards against a bad batch. A
 // step whose gradients are not finite on any rank is skipped on every rank (the parameters and
 // the optimizer state stay as they were), and loss_scale_max_skips such steps in a row stop
-// training with an error. The model runs on the master parameters, as with precision::fp32.
+// training with an error. The model runs on the master parameters. It behaves as the shipped
+// precision::fp32 does, written from the contract alone, as a user would.
 #include <cstdint>
 #include <span>
 #include <string>

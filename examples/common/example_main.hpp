@@ -25,6 +25,7 @@
 #include <strata/config.hpp>
 #include <strata/precision/mixed.hpp>
 #include <strata/train/comm_config.hpp>
+#include <strata/train/gradient_fault.hpp>
 #include <strata/train/trainer.hpp>
 
 namespace examples {
@@ -65,11 +66,11 @@ inline void print_summary(const strata::train::fit_summary& s,
   }
   std::printf(
       "summary: test_accuracy %.4f test_loss %.4f epochs %llu steps %llu samples_per_s %.0f "
-      "wall_s %.1f params_xxh3 %s%s%s\n",
+      "wall_s %.1f params_xxh3 %s%s%s%s\n",
       s.test_accuracy, s.test_loss, static_cast<unsigned long long>(s.epochs_done),
       static_cast<unsigned long long>(s.steps), s.samples_per_second, s.wall_seconds,
-      s.params_xxh3.c_str(), s.resumed_from.empty() ? "" : " resumed_from ",
-      s.resumed_from.c_str());
+      s.params_xxh3.c_str(), s.resumed_from.empty() ? "" : " resumed_from ", s.resumed_from.c_str(),
+      s.skipped_steps == 0 ? "" : (" skipped_steps " + std::to_string(s.skipped_steps)).c_str());
   if (s.stopped_by_max_steps) {
     std::printf("stopped after max_steps = %lld; run again to resume\n",
                 static_cast<long long>(cfg.max_steps));
@@ -170,6 +171,11 @@ strata::train::fit_summary train_as_configured(const Model& model,
                                                const strata::config::train_config& cfg,
                                                Train&& train) {
   using strata::config::precision_dtype;
+  // Every trainer takes the fault suite's STRATA_GRADIENT_FAULT (train/gradient_fault.hpp).
+  const auto go = [&](auto& run) {
+    strata::train::attach_gradient_fault(run);
+    return train(run);
+  };
   const auto with_precision = [&](auto&& run) {
     switch (cfg.mixed_precision_dtype) {
       case precision_dtype::float16:
@@ -185,10 +191,10 @@ strata::train::fit_summary train_as_configured(const Model& model,
     if (cfg.world_size == 1) {
       if (cfg.adaptive_batch) {
         strata::train::trainer<Model, strata::batch::adaptive, Precision> run(model, cfg);
-        return train(run);
+        return go(run);
       }
       strata::train::trainer<Model, strata::batch::accumulate, Precision> run(model, cfg);
-      return train(run);
+      return go(run);
     }
     if (cfg.communication_backend != strata::config::comm_backend_kind::threads &&
         cfg.communication_backend != strata::config::comm_backend_kind::mpi) {
@@ -212,7 +218,7 @@ strata::train::fit_summary train_as_configured(const Model& model,
           prints_summary() = world.rank() == 0;
           try {
             data_trainer run(model, cfg, strata::comm::any_comm(world));
-            return train(run);
+            return go(run);
           } catch (const strata::config_error&) {
             throw;  // every rank refuses the same configuration
           } catch (const std::exception& e) {
@@ -233,7 +239,7 @@ strata::train::fit_summary train_as_configured(const Model& model,
             static_cast<int>(cfg.world_size),
             [&](strata::comm::threads& comm) {
               data_trainer run(model, cfg, strata::comm::any_comm(comm));
-              strata::train::fit_summary s = train(run);
+              strata::train::fit_summary s = go(run);
               if (comm.rank() == 0) {
                 first = std::move(s);
               }

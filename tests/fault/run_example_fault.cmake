@@ -8,8 +8,11 @@
 #   cmake -DPROGRAM=fashion_mnist_mlp "-DLAUNCHER=mpiexec;-n;2;..." "-DARGS=..." -DWORK=dir
 #         -DFAULT=rank=1,op=all_reduce,seq=70,action=kill -DEXPECT_EXIT=nonzero|abort|N
 #         "-DEXPECT=regex;regex" [-DLIMIT=60] [-DRESUME=ON [-DRESUME_FROM=regex]]
-#         [-DKILLED_WRITING=ON] -P run_example_fault.cmake
+#         [-DKILLED_WRITING=ON] [-DFAULT_VAR=STRATA_GRADIENT_FAULT [-DCOMPARE_FAULT=spec]]
+#         -P run_example_fault.cmake
 #
+# FAULT_VAR: the variable that carries the fault (default STRATA_COMM_FAULT). COMPARE_FAULT: a
+# run with this fault instead must end with the same parameters as the faulty run (both exit 0).
 # RESUME_FROM: the checkpoints the rerun may continue from (default epoch-1). KILLED_WRITING: the
 # fault may end the job while rank 0 writes a checkpoint, so its staging directory may remain
 # until the rerun's first save (checked after the rerun instead of after the fault).
@@ -53,6 +56,18 @@ if(NOT KILLED_WRITING)
 endif()
 if(NOT DEFINED RESUME_FROM)
   set(RESUME_FROM epoch-1)
+endif()
+
+if(DEFINED COMPARE_FAULT AND NOT COMPARE_FAULT STREQUAL "")
+  run_case(other "${COMPARE_FAULT}")
+  params_hash("${out_faulty}" _faulty)
+  params_hash("${out_other}" _other)
+  if(NOT rc_other EQUAL 0 OR _other STREQUAL "")
+    list(APPEND _failures "the run with ${COMPARE_FAULT} failed (exit ${rc_other})")
+  elseif(NOT _faulty STREQUAL _other)
+    list(APPEND _failures
+      "params_xxh3 with ${FAULT} ${_faulty}, with ${COMPARE_FAULT} ${_other}: they must agree")
+  endif()
 endif()
 
 if(RESUME)

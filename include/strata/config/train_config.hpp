@@ -424,7 +424,7 @@ constexpr void visit_keys(Visitor&& v) {
   v(real_key{"loss_scale_min", &c::loss_scale_min, 1e-30, 1099511627776.0, false,
              "Smallest loss scale."});
   v(int_key{"loss_scale_max_skips", &c::loss_scale_max_skips, 1, 1 << 20,
-            "Overflowed steps in a row that abort training, naming the step and scale."});
+            "Non-finite (overflowed) steps in a row that abort training, naming the steps."});
   // Communication.
   v(real_key{"comm_timeout", &c::comm_timeout, 0.0, 86400.0, true,
              "Seconds any communication wait may take before it fails on every rank."});

@@ -31,6 +31,8 @@
 //     batch, and each worker still busy with its sample and for how long.
 //   - start_epoch() and the destructor stop and join every worker, mid-epoch too; a worker that
 //     is inside the dataset's read() or a transform is joined when that call returns.
+//   - STRATA_LOADER_FAULT makes a worker throw or stall at a given sample (the fault suite,
+//     data/loader_fault.hpp).
 //
 // The dataset must outlive the loader; the transform is copied into it.
 
@@ -56,6 +58,7 @@
 #include "strata/core/execution_space.hpp"
 #include "strata/core/host.hpp"
 #include "strata/data/concepts.hpp"
+#include "strata/data/loader_fault.hpp"
 #include "strata/data/sampler.hpp"
 
 namespace strata::data {
@@ -298,12 +301,14 @@ class prefetch_loader {
   }
 
   // Reads, transforms and stores sample j of batch k into slot s.
+  // `stop` (null in the caller's thread) ends an injected stall (data/loader_fault.hpp).
   template <class OnIndex>
   void fill_sample(std::size_t k, std::size_t j, slot& s, std::vector<float>& scratch,
-                   OnIndex&& on_index) {
+                   OnIndex&& on_index, const std::atomic<bool>* stop) {
     const std::size_t position = k * config_.batch_size + j;
     const std::size_t index = sampler_.index_at(position);
     on_index(index);
+    detail::loader_fault_point(epoch_, index, stop);
     scratch.resize(in_elements_);
     const std::int32_t label =
         dataset_traits<Dataset>::read(*dataset_, index, std::span<float>(scratch));
@@ -322,7 +327,8 @@ class prefetch_loader {
     std::uint64_t current = 0;
     try {
       for (std::size_t j = 0; j < count; ++j) {
-        fill_sample(k, j, s, sync_scratch_, [&](std::size_t index) { current = index; });
+        fill_sample(
+            k, j, s, sync_scratch_, [&](std::size_t index) { current = index; }, nullptr);
       }
     } catch (const std::exception& e) {
       throw data_error({.file = {}, .offset = {}, .sample_index = current},
@@ -355,10 +361,13 @@ class prefetch_loader {
       std::uint64_t current = 0;
       try {
         me.since_ns.store(now_ns());
-        fill_sample(k, j, s, scratch, [&](std::size_t index) {
-          current = index;
-          me.sample.store(index);
-        });
+        fill_sample(
+            k, j, s, scratch,
+            [&](std::size_t index) {
+              current = index;
+              me.sample.store(index);
+            },
+            &stop_);
         me.since_ns.store(-1);
       } catch (...) {
         me.since_ns.store(-1);

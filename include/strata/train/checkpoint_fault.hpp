@@ -45,8 +45,9 @@ struct checkpoint_fault {
 
 // Parses "phase=manifest,save=2"; throws strata::error naming the variable and the field.
 inline checkpoint_fault parse_checkpoint_fault(std::string_view text) {
+  const std::string all(text);
   const auto fail = [&](const std::string& why) {
-    return error("STRATA_CHECKPOINT_FAULT='" + std::string(text) + "': " + why);
+    return error("STRATA_CHECKPOINT_FAULT='" + all + "': " + why);
   };
   checkpoint_fault out;
   bool has_phase = false;

@@ -115,6 +115,7 @@ struct fit_summary {
   std::string resumed_from{};       // checkpoint name; empty when started fresh
   std::string run_directory{};      // checkpoint_dir/<run name>: this run's checkpoints
   bool stopped_by_max_steps = false;
+  std::uint64_t skipped_steps = 0;  // steps skipped for non-finite gradients, over the whole job
 
   friend bool operator==(const fit_summary&, const fit_summary&) = default;
 };
@@ -948,6 +949,7 @@ class trainer {
     }
     summary.epochs_done = epoch;
     summary.steps = step_;
+    summary.skipped_steps = skipped_steps_;
     summary.steps_this_run = step_ - start_step;
     summary.samples_per_second =
         train_seconds > 0.0 ? static_cast<double>(train_samples) / train_seconds : 0.0;
@@ -1402,6 +1404,7 @@ class trainer {
     step_ = served.step;
     max_lead_ = served.max_lead;
     summary.steps = step_;
+    summary.skipped_steps = skipped_steps_;
     summary.steps_this_run = step_ - start_step;
     summary.wall_seconds = seconds_since(begin);
     return summary;

@@ -20,6 +20,8 @@
 #include <vector>
 
 #include "strata/core/error.hpp"
+#include "strata/data/loader_fault.hpp"
+#include "strata/train/gradient_fault.hpp"
 
 namespace {
 
@@ -652,4 +654,57 @@ TEST_CASE("check_config_hash refuses a checkpoint saved under another configurat
   const std::string what = e->what();
   CHECK(what.find("'aaa111'") != std::string::npos);
   CHECK(what.find("'bbb222'") != std::string::npos);
+}
+
+TEST_CASE("the fault suite's checkpoint, gradient and loader faults parse; bad ones are named") {
+  using strata::train::checkpoint_phase;
+  const auto c = strata::train::parse_checkpoint_fault("phase=latest,save=3");
+  CHECK(c.phase == checkpoint_phase::latest);
+  CHECK(c.save == 3);
+  CHECK(strata::train::parse_checkpoint_fault("save=2,phase=cleanup").phase ==
+        checkpoint_phase::cleanup);
+  const auto g = strata::train::parse_gradient_fault("rank=1,step=40,every");
+  CHECK(g.hits(1, 40));
+  CHECK(g.hits(1, 41));
+  CHECK_FALSE(g.hits(1, 39));
+  CHECK_FALSE(g.hits(0, 40));
+  const auto once = strata::train::parse_gradient_fault("step=7,rank=0");
+  CHECK(once.hits(0, 7));
+  CHECK_FALSE(once.hits(0, 8));
+
+  const auto message = [](auto&& parse, std::string_view text) {
+    try {
+      (void)parse(text);
+    } catch (const strata::error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  const auto checkpoint = [](std::string_view t) {
+    return strata::train::parse_checkpoint_fault(t);
+  };
+  const auto gradient = [](std::string_view t) { return strata::train::parse_gradient_fault(t); };
+  CHECK(message(checkpoint, "phase=rename,save=0") ==
+        "STRATA_CHECKPOINT_FAULT='phase=rename,save=0': save must be a positive integer, not '0'");
+  CHECK(message(checkpoint, "phase=commit") ==
+        "STRATA_CHECKPOINT_FAULT='phase=commit': unknown phase 'commit' (shards, manifest, "
+        "rename, latest or cleanup)");
+  CHECK(message(checkpoint, "save=1") == "STRATA_CHECKPOINT_FAULT='save=1': phase=... is required");
+  CHECK(message(gradient, "rank=1") ==
+        "STRATA_GRADIENT_FAULT='rank=1': rank=... and step=... are required");
+  CHECK(message(gradient, "rank=1,step=x") ==
+        "STRATA_GRADIENT_FAULT='rank=1,step=x': step must be a non-negative integer, not 'x'");
+  const auto l = strata::data::parse_loader_fault("sample=12,action=stall,epoch=1");
+  CHECK(l.action == strata::data::loader_fault::kind::stall);
+  CHECK(l.hits(1, 12));
+  CHECK_FALSE(l.hits(0, 12));
+  CHECK(strata::data::parse_loader_fault("action=throw,sample=3").hits(7, 3));
+  const auto loader = [](std::string_view t) { return strata::data::parse_loader_fault(t); };
+  CHECK(message(loader, "sample=3,action=crash") ==
+        "STRATA_LOADER_FAULT='sample=3,action=crash': unknown action 'crash' (throw or stall)");
+  CHECK(message(loader, "sample=3") ==
+        "STRATA_LOADER_FAULT='sample=3': sample=... and action=... are required");
+  CHECK(message(gradient, "rank=1,step=2,often") ==
+        "STRATA_GRADIENT_FAULT='rank=1,step=2,often': unknown field 'often' (rank=R, step=S, "
+        "every)");
 }

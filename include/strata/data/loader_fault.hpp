@@ -1,0 +1,119 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+// A loader worker that fails or stalls, for the fault suite: the prefetching loader consults
+// the environment before it reads each sample.
+//
+//   STRATA_LOADER_FAULT="sample=<i>,action=throw|stall[,epoch=<e>]"
+// When a worker reaches dataset sample i (in epoch e, or in any epoch without it) it throws
+// strata::error (action=throw) or stops answering until the loader stops it (action=stall: the
+// step then meets loader_timeout). Read once; unset or empty: nothing happens. In a loader
+// without workers (loader_workers = 0) only `throw` acts: the caller's thread cannot be timed
+// out.
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <thread>
+
+#include "strata/core/error.hpp"
+
+namespace strata::data {
+
+struct loader_fault {
+  enum class kind : std::uint8_t { throw_error, stall };
+  std::uint64_t sample = 0;
+  std::optional<std::uint64_t> epoch{};
+  kind action = kind::throw_error;
+  bool hits(std::uint64_t e, std::uint64_t index) const noexcept {
+    return index == sample && (!epoch || *epoch == e);
+  }
+};
+
+// Parses "sample=12,action=stall,epoch=1"; throws strata::error naming the variable and field.
+inline loader_fault parse_loader_fault(std::string_view text) {
+  const std::string all(text);
+  const auto fail = [&](const std::string& why) {
+    return error("STRATA_LOADER_FAULT='" + all + "': " + why);
+  };
+  const auto number = [&](std::string_view key, std::string_view value) {
+    std::uint64_t n = 0;
+    if (value.empty()) {
+      throw fail(std::string(key) + " needs a value");
+    }
+    for (const char c : value) {
+      if (c < '0' || c > '9' || n > (std::uint64_t{1} << 40)) {
+        throw fail(std::string(key) + " must be a non-negative integer, not '" +
+                   std::string(value) + "'");
+      }
+      n = n * 10 + static_cast<std::uint64_t>(c - '0');
+    }
+    return n;
+  };
+  loader_fault out;
+  bool has_sample = false;
+  bool has_action = false;
+  while (!text.empty()) {
+    const std::size_t comma = text.find(',');
+    const std::string_view field = text.substr(0, comma);
+    text = comma == std::string_view::npos ? std::string_view() : text.substr(comma + 1);
+    const std::size_t eq = field.find('=');
+    const std::string_view key = field.substr(0, eq);
+    const std::string_view value = eq == std::string_view::npos ? "" : field.substr(eq + 1);
+    if (key == "sample") {
+      out.sample = number(key, value);
+      has_sample = true;
+    } else if (key == "epoch") {
+      out.epoch = number(key, value);
+    } else if (key == "action" && (value == "throw" || value == "stall")) {
+      out.action = value == "throw" ? loader_fault::kind::throw_error : loader_fault::kind::stall;
+      has_action = true;
+    } else if (key == "action") {
+      throw fail("unknown action '" + std::string(value) + "' (throw or stall)");
+    } else {
+      throw fail("unknown field '" + std::string(field) + "' (sample=I, action=A, epoch=E)");
+    }
+  }
+  if (!has_sample || !has_action) {
+    throw fail("sample=... and action=... are required");
+  }
+  return out;
+}
+
+// The fault STRATA_LOADER_FAULT plans, read once; nullopt when unset or empty.
+inline const std::optional<loader_fault>& planned_loader_fault() {
+  static const std::optional<loader_fault> fault = []() -> std::optional<loader_fault> {
+    const char* env = std::getenv("STRATA_LOADER_FAULT");
+    if (env == nullptr || *env == '\0') {
+      return std::nullopt;
+    }
+    return parse_loader_fault(env);
+  }();
+  return fault;
+}
+
+namespace detail {
+
+// Called before sample `index` of `epoch` is read; `stop` (null in the caller's thread) ends a
+// stall when the loader stops its workers.
+inline void loader_fault_point(std::uint64_t epoch, std::uint64_t index,
+                               const std::atomic<bool>* stop) {
+  const std::optional<loader_fault>& fault = planned_loader_fault();
+  if (!fault || !fault->hits(epoch, index)) {
+    return;
+  }
+  if (fault->action == loader_fault::kind::throw_error) {
+    throw error("injected fault (STRATA_LOADER_FAULT): sample " + std::to_string(index) +
+                " throws");
+  }
+  while (stop != nullptr && !stop->load()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
+}  // namespace detail
+}  // namespace strata::data
