@@ -50,6 +50,22 @@ macro(check_no_staging)
   endforeach()
 endmacro()
 
+# Appends to _failures each process still running whose command line names _dir (a rank or a
+# launcher the fault left behind). The pattern's first character is bracketed so that grep does
+# not find itself.
+macro(check_no_processes)
+  string(SUBSTRING "${_dir}" 0 1 _first)
+  string(SUBSTRING "${_dir}" 1 -1 _rest)
+  execute_process(COMMAND sh -c "for f in $(grep -l -a -e \"$0\" /proc/[0-9]*/cmdline \
+2>/dev/null); do tr '\\0' ' ' < $f 2>/dev/null; echo; done" "[${_first}]${_rest}"
+    OUTPUT_VARIABLE _left)
+  string(STRIP "${_left}" _left)
+  if(_left)
+    string(REPLACE "\n" "; " _left "${_left}")
+    list(APPEND _failures "processes left behind: ${_left}")
+  endif()
+endmacro()
+
 # Runs the uninterrupted run "straight"; appends to _failures unless it succeeds and ends with
 # the parameters (params_xxh3 of the summary line) of `text`, the output of the resumed run.
 macro(check_same_as_straight text)

@@ -9,8 +9,11 @@
 #         -DFAULT=rank=1,op=all_reduce,seq=70,action=kill -DEXPECT_EXIT=nonzero|abort|N
 #         "-DEXPECT=regex;regex" [-DLIMIT=60] [-DRESUME=ON [-DRESUME_FROM=regex]]
 #         [-DKILLED_WRITING=ON] [-DFAULT_VAR=STRATA_GRADIENT_FAULT [-DCOMPARE_FAULT=spec]]
-#         -P run_example_fault.cmake
+#         [-DEND_WITHIN=seconds] -P run_example_fault.cmake
 #
+# END_WITHIN (with RESUME): the faulty job must end at most this many seconds later than the
+# uninterrupted run takes in all (which does more work than the faulty run before its fault),
+# 1 s added for the clock's whole seconds: the bound on how long the survivors may wait.
 # FAULT_VAR: the variable that carries the fault (default STRATA_COMM_FAULT). COMPARE_FAULT: a
 # run with this fault instead must end with the same parameters as the faulty run (both exit 0).
 # RESUME_FROM: the checkpoints the rerun may continue from (default epoch-1). KILLED_WRITING: the
@@ -36,6 +39,7 @@ set(_failures "")
 include("${CMAKE_CURRENT_LIST_DIR}/fault_common.cmake")
 
 run_case(faulty "${FAULT}")
+set(_seconds_fault ${seconds_faulty})  # the rerun below reuses the name
 if(NOT rc_faulty MATCHES "^-?[0-9]+$")
   list(APPEND _failures "the job did not end by itself within ${LIMIT} s (${rc_faulty}): a hang")
 elseif(EXPECT_EXIT STREQUAL "nonzero" AND rc_faulty EQUAL 0)
@@ -50,6 +54,8 @@ foreach(_regex IN LISTS EXPECT)
     list(APPEND _failures "no output matches: ${_regex}")
   endif()
 endforeach()
+# No rank or launcher outlives the job.
+check_no_processes()
 # Nothing half-written is left where the next run looks.
 if(NOT KILLED_WRITING)
   check_no_staging()
@@ -79,6 +85,13 @@ if(RESUME)
   endif()
   check_no_staging()
   check_same_as_straight("${out_faulty}")
+  if(DEFINED END_WITHIN AND NOT END_WITHIN STREQUAL "")
+    math(EXPR _bound "${seconds_straight} + ${END_WITHIN} + 1")
+    if(_seconds_fault GREATER _bound)
+      list(APPEND _failures "the job with the fault took ${_seconds_fault} s to end, more than \
+the uninterrupted run's ${seconds_straight} s + ${END_WITHIN} s + 1 s")
+    endif()
+  endif()
 endif()
 
 report_failures()
