@@ -5,7 +5,9 @@
 # a fault. Each run must die where it was told to, and the next one must continue from the
 # checkpoint `latest` named after the kill (or start afresh when there was none); the last run
 # must finish with nothing half-written left behind and end with the parameters of a run that
-# was never interrupted.
+# was never interrupted. Before that last run the newest checkpoint's parameters file is cut
+# short, as a full disk or a bad copy would leave it: the run must say it skips that checkpoint,
+# naming the file, and continue from the one before.
 #
 #   cmake -DPROGRAM=fashion_mnist_mlp "-DLAUNCHER=mpiexec;-n;2;..." "-DARGS=..." -DWORK=dir
 #         "-DKILLS=shards:2;manifest:2;rename:2;latest:2;cleanup:1" [-DLIMIT=60]
@@ -59,7 +61,18 @@ foreach(_kill IN LISTS KILLS)
   endif()
 endforeach()
 
+# The newest checkpoint damaged from outside.
+file(WRITE "${_dir}/faulty/${_from}/rank-0.params.bin" "cut short")
+file(GLOB _committed LIST_DIRECTORIES true RELATIVE "${_dir}/faulty" "${_dir}/faulty/epoch-*")
+list(REMOVE_ITEM _committed "${_from}")
+list(SORT _committed COMPARE NATURAL)
+set(_damaged "${_from}")
+list(POP_BACK _committed _from)
+
 run_case(faulty "")
+if(NOT out_faulty MATCHES "checkpoint skipped: [^\n]*faulty/${_damaged}/rank-0.params.bin")
+  list(APPEND _failures "the run after the damage did not report ${_damaged}'s parameters file")
+endif()
 if(NOT rc_faulty EQUAL 0)
   list(APPEND _failures "the run without a fault failed (exit ${rc_faulty})")
 endif()
