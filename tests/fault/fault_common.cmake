@@ -1,10 +1,27 @@
 # SPDX-License-Identifier: Apache-2.0
 # Shared by the fault suite's drivers: runs of an example trainer with a fault given through the
-# environment variable FAULT_VAR (default STRATA_COMM_FAULT), judged from outside. Expects
+# environment variable FAULT_VAR (default STRATA_COMM_FAULT), judged from outside. The runs use
 # PROGRAM, ARGS, LIMIT, optional LAUNCHER, and _dir (the checkpoint directory).
 if(NOT DEFINED FAULT_VAR)
   set(FAULT_VAR STRATA_COMM_FAULT)
 endif()
+
+# Stops with an error unless each variable named after `driver` is defined; LIMIT defaults to
+# 60 s; WORK starts empty; sets _dir (WORK/checkpoints) and _failures (empty).
+macro(fault_driver_start driver)
+  foreach(_var ${ARGN})
+    if(NOT DEFINED ${_var})
+      message(FATAL_ERROR "${driver}: -D${_var}=... is required")
+    endif()
+  endforeach()
+  if(NOT DEFINED LIMIT)
+    set(LIMIT 60)
+  endif()
+  file(REMOVE_RECURSE "${WORK}")
+  file(MAKE_DIRECTORY "${WORK}")
+  set(_dir "${WORK}/checkpoints")
+  set(_failures "")
+endmacro()
 
 # Runs the command for run `name` (with the fault when `fault` is not empty); sets out_<name>,
 # rc_<name> and seconds_<name>.

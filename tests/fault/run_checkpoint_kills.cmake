@@ -13,20 +13,9 @@
 #         "-DKILLS=shards:2;manifest:2;rename:2;latest:2;cleanup:1" [-DLIMIT=60]
 #         -P run_checkpoint_kills.cmake
 cmake_minimum_required(VERSION 3.25)  # modern policies (CMP0054: quoted if() arguments)
-foreach(_var PROGRAM WORK KILLS)
-  if(NOT DEFINED ${_var})
-    message(FATAL_ERROR "run_checkpoint_kills.cmake: -D${_var}=... is required")
-  endif()
-endforeach()
-if(NOT DEFINED LIMIT)
-  set(LIMIT 60)
-endif()
-file(REMOVE_RECURSE "${WORK}")
-file(MAKE_DIRECTORY "${WORK}")
-set(_dir "${WORK}/checkpoints")
-set(_failures "")
 set(FAULT_VAR STRATA_CHECKPOINT_FAULT)
 include("${CMAKE_CURRENT_LIST_DIR}/fault_common.cmake")
+fault_driver_start(run_checkpoint_kills.cmake PROGRAM WORK KILLS)
 
 # Appends to _failures unless run "faulty" continued from checkpoint `from` ("" = started
 # afresh).

@@ -23,20 +23,8 @@
 # The runs write checkpoints under WORK/checkpoints (emptied first): run "faulty" (the fault
 # and its rerun) and run "straight" (uninterrupted, only with RESUME).
 cmake_minimum_required(VERSION 3.25)  # modern policies (CMP0054: quoted if() arguments)
-foreach(_var PROGRAM WORK FAULT EXPECT_EXIT)
-  if(NOT DEFINED ${_var})
-    message(FATAL_ERROR "run_example_fault.cmake: -D${_var}=... is required")
-  endif()
-endforeach()
-if(NOT DEFINED LIMIT)
-  set(LIMIT 60)
-endif()
-file(REMOVE_RECURSE "${WORK}")
-file(MAKE_DIRECTORY "${WORK}")
-set(_dir "${WORK}/checkpoints")
-set(_failures "")
-
 include("${CMAKE_CURRENT_LIST_DIR}/fault_common.cmake")
+fault_driver_start(run_example_fault.cmake PROGRAM WORK FAULT EXPECT_EXIT)
 
 run_case(faulty "${FAULT}")
 set(_seconds_fault ${seconds_faulty})  # the rerun below reuses the name

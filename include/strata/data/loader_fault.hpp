@@ -14,13 +14,13 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
-#include <cstdlib>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <thread>
 
 #include "strata/core/error.hpp"
+#include "strata/core/fault_env.hpp"
 
 namespace strata::data {
 
@@ -36,63 +36,35 @@ struct loader_fault {
 
 // Parses "sample=12,action=stall,epoch=1"; throws strata::error naming the variable and field.
 inline loader_fault parse_loader_fault(std::string_view text) {
-  const std::string all(text);
-  const auto fail = [&](const std::string& why) {
-    return error("STRATA_LOADER_FAULT='" + all + "': " + why);
-  };
-  const auto number = [&](std::string_view key, std::string_view value) {
-    std::uint64_t n = 0;
-    if (value.empty()) {
-      throw fail(std::string(key) + " needs a value");
-    }
-    for (const char c : value) {
-      if (c < '0' || c > '9' || n > (std::uint64_t{1} << 40)) {
-        throw fail(std::string(key) + " must be a non-negative integer, not '" +
-                   std::string(value) + "'");
-      }
-      n = n * 10 + static_cast<std::uint64_t>(c - '0');
-    }
-    return n;
-  };
+  const ::strata::detail::fault_text t("STRATA_LOADER_FAULT", text);
   loader_fault out;
   bool has_sample = false;
   bool has_action = false;
-  while (!text.empty()) {
-    const std::size_t comma = text.find(',');
-    const std::string_view field = text.substr(0, comma);
-    text = comma == std::string_view::npos ? std::string_view() : text.substr(comma + 1);
-    const std::size_t eq = field.find('=');
-    const std::string_view key = field.substr(0, eq);
-    const std::string_view value = eq == std::string_view::npos ? "" : field.substr(eq + 1);
+  t.each_field([&](std::string_view field, std::string_view key, std::string_view value) {
     if (key == "sample") {
-      out.sample = number(key, value);
+      out.sample = t.number(key, value);
       has_sample = true;
     } else if (key == "epoch") {
-      out.epoch = number(key, value);
+      out.epoch = t.number(key, value);
     } else if (key == "action" && (value == "throw" || value == "stall")) {
       out.action = value == "throw" ? loader_fault::kind::throw_error : loader_fault::kind::stall;
       has_action = true;
     } else if (key == "action") {
-      throw fail("unknown action '" + std::string(value) + "' (throw or stall)");
+      throw t.fail("unknown action '" + std::string(value) + "' (throw or stall)");
     } else {
-      throw fail("unknown field '" + std::string(field) + "' (sample=I, action=A, epoch=E)");
+      throw t.fail("unknown field '" + std::string(field) + "' (sample=I, action=A, epoch=E)");
     }
-  }
+  });
   if (!has_sample || !has_action) {
-    throw fail("sample=... and action=... are required");
+    throw t.fail("sample=... and action=... are required");
   }
   return out;
 }
 
 // The fault STRATA_LOADER_FAULT plans, read once; nullopt when unset or empty.
 inline const std::optional<loader_fault>& planned_loader_fault() {
-  static const std::optional<loader_fault> fault = []() -> std::optional<loader_fault> {
-    const char* env = std::getenv("STRATA_LOADER_FAULT");
-    if (env == nullptr || *env == '\0') {
-      return std::nullopt;
-    }
-    return parse_loader_fault(env);
-  }();
+  static const std::optional<loader_fault> fault =
+      ::strata::detail::parse_fault_variable("STRATA_LOADER_FAULT", parse_loader_fault);
   return fault;
 }
 

@@ -16,16 +16,17 @@
 // It writes one line to stderr before it dies, naming the phase, the save and the directory.
 
 #include <csignal>
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <filesystem>
+#include <iterator>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
 
-#include "strata/core/error.hpp"
+#include "strata/core/fault_env.hpp"
 
 namespace strata::train {
 
@@ -45,19 +46,10 @@ struct checkpoint_fault {
 
 // Parses "phase=manifest,save=2"; throws strata::error naming the variable and the field.
 inline checkpoint_fault parse_checkpoint_fault(std::string_view text) {
-  const std::string all(text);
-  const auto fail = [&](const std::string& why) {
-    return error("STRATA_CHECKPOINT_FAULT='" + all + "': " + why);
-  };
+  const ::strata::detail::fault_text t("STRATA_CHECKPOINT_FAULT", text);
   checkpoint_fault out;
   bool has_phase = false;
-  while (!text.empty()) {
-    const std::size_t comma = text.find(',');
-    const std::string_view field = text.substr(0, comma);
-    text = comma == std::string_view::npos ? std::string_view() : text.substr(comma + 1);
-    const std::size_t eq = field.find('=');
-    const std::string_view key = field.substr(0, eq);
-    const std::string_view value = eq == std::string_view::npos ? "" : field.substr(eq + 1);
+  t.each_field([&](std::string_view field, std::string_view key, std::string_view value) {
     if (key == "phase") {
       has_phase = false;
       for (std::size_t i = 0; i < std::size(checkpoint_phase_names); ++i) {
@@ -67,27 +59,20 @@ inline checkpoint_fault parse_checkpoint_fault(std::string_view text) {
         }
       }
       if (!has_phase) {
-        throw fail("unknown phase '" + std::string(value) +
-                   "' (shards, manifest, rename, latest or cleanup)");
+        throw t.fail("unknown phase '" + std::string(value) +
+                     "' (shards, manifest, rename, latest or cleanup)");
       }
     } else if (key == "save") {
-      std::uint64_t n = 0;
-      for (const char c : value) {
-        if (c < '0' || c > '9' || n > (std::uint64_t{1} << 40)) {
-          throw fail("save must be a positive integer, not '" + std::string(value) + "'");
-        }
-        n = n * 10 + static_cast<std::uint64_t>(c - '0');
+      out.save = t.number(key, value);
+      if (out.save == 0) {
+        throw t.fail("save must be a positive integer, not '0'");
       }
-      if (n == 0) {
-        throw fail("save must be a positive integer, not '" + std::string(value) + "'");
-      }
-      out.save = n;
     } else {
-      throw fail("unknown field '" + std::string(field) + "' (phase=..., save=N)");
+      throw t.fail("unknown field '" + std::string(field) + "' (phase=..., save=N)");
     }
-  }
+  });
   if (!has_phase) {
-    throw fail("phase=... is required");
+    throw t.fail("phase=... is required");
   }
   return out;
 }
@@ -97,13 +82,8 @@ namespace detail {
 // Called by checkpoint_store at each phase of a save; kills the process where the environment
 // says so, else returns. Cheap when the variable is not set.
 inline void checkpoint_crash_point(checkpoint_phase phase, const std::filesystem::path& dir) {
-  static const std::optional<checkpoint_fault> fault = []() -> std::optional<checkpoint_fault> {
-    const char* env = std::getenv("STRATA_CHECKPOINT_FAULT");
-    if (env == nullptr || *env == '\0') {
-      return std::nullopt;
-    }
-    return parse_checkpoint_fault(env);
-  }();
+  static const std::optional<checkpoint_fault> fault =
+      ::strata::detail::parse_fault_variable("STRATA_CHECKPOINT_FAULT", parse_checkpoint_fault);
   if (!fault || fault->phase != phase) {
     return;
   }
