@@ -9,11 +9,13 @@
 #         -DFAULT=rank=1,op=all_reduce,seq=70,action=kill -DEXPECT_EXIT=nonzero|abort|N
 #         "-DEXPECT=regex;regex" [-DLIMIT=60] [-DRESUME=ON [-DRESUME_FROM=regex]]
 #         [-DKILLED_WRITING=ON] [-DFAULT_VAR=STRATA_GRADIENT_FAULT [-DCOMPARE_FAULT=spec]]
-#         [-DEND_WITHIN=seconds] -P run_example_fault.cmake
+#         [-DEND_WITHIN=seconds] [-DEXTRA_SKIPS=N] -P run_example_fault.cmake
 #
 # END_WITHIN (with RESUME): the faulty job must end at most this many seconds later than the
 # uninterrupted run takes in all (which does more work than the faulty run before its fault),
 # 1 s added for the clock's whole seconds: the bound on how long the survivors may wait.
+# EXTRA_SKIPS: the faulty run (exit 0) reports exactly N more skipped steps than a run without
+# the fault ("clean"), so that a fault that does nothing cannot pass.
 # FAULT_VAR: the variable that carries the fault (default STRATA_COMM_FAULT). COMPARE_FAULT: a
 # run with this fault instead must end with the same parameters as the faulty run (both exit 0).
 # RESUME_FROM: the checkpoints the rerun may continue from (default epoch-1). KILLED_WRITING: the
@@ -61,6 +63,23 @@ if(DEFINED COMPARE_FAULT AND NOT COMPARE_FAULT STREQUAL "")
   elseif(NOT _faulty STREQUAL _other)
     list(APPEND _failures
       "params_xxh3 with ${FAULT} ${_faulty}, with ${COMPARE_FAULT} ${_other}: they must agree")
+  endif()
+endif()
+
+if(DEFINED EXTRA_SKIPS AND NOT EXTRA_SKIPS STREQUAL "")
+  run_case(clean "")
+  foreach(_run faulty clean)
+    set(_skips_${_run} 0)
+    if(out_${_run} MATCHES "summary: [^\n]* skipped_steps ([0-9]+)")
+      set(_skips_${_run} ${CMAKE_MATCH_1})
+    endif()
+  endforeach()
+  math(EXPR _want "${_skips_clean} + ${EXTRA_SKIPS}")
+  if(NOT rc_clean EQUAL 0)
+    list(APPEND _failures "the run without the fault failed (exit ${rc_clean})")
+  elseif(NOT _skips_faulty EQUAL _want)
+    list(APPEND _failures "skipped steps: ${_skips_faulty} with the fault, ${_skips_clean} \
+without it; expected ${EXTRA_SKIPS} more")
   endif()
 endif()
 

@@ -30,11 +30,14 @@ class fault_text {
       throw fail(std::string(key) + " needs a value");
     }
     for (const char c : value) {
-      if (c < '0' || c > '9' || n > (std::uint64_t{1} << 40)) {
+      if (c < '0' || c > '9') {
         throw fail(std::string(key) + " must be a non-negative integer, not '" +
                    std::string(value) + "'");
       }
       n = n * 10 + static_cast<std::uint64_t>(c - '0');
+      if (n > (std::uint64_t{1} << 40)) {
+        throw fail(std::string(key) + " " + std::string(value) + " is more than 2^40");
+      }
     }
     return n;
   }

@@ -61,7 +61,8 @@ inline loader_fault parse_loader_fault(std::string_view text) {
   return out;
 }
 
-// The fault STRATA_LOADER_FAULT plans, read once; nullopt when unset or empty.
+// The fault STRATA_LOADER_FAULT plans, read once; nullopt when unset or empty. A prefetch_loader
+// reads it when it is made, so that a bad value is an error in the caller's thread.
 inline const std::optional<loader_fault>& planned_loader_fault() {
   static const std::optional<loader_fault> fault =
       ::strata::detail::parse_fault_variable("STRATA_LOADER_FAULT", parse_loader_fault);

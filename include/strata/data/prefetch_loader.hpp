@@ -140,6 +140,7 @@ class prefetch_loader {
         sampler_(std::move(sampler)),
         config_(config),
         space_(std::move(space)) {
+    (void)planned_loader_fault();  // a bad STRATA_LOADER_FAULT fails here, not in a worker
     if (config_.batch_size == 0) {
       throw std::invalid_argument("prefetch_loader: batch_size must be at least 1");
     }

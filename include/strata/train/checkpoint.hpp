@@ -589,6 +589,7 @@ class checkpoint_store {
  public:
   // Throws std::invalid_argument for an empty dir or keep 0.
   explicit checkpoint_store(checkpoint_config config) : config_(std::move(config)) {
+    (void)planned_checkpoint_fault();  // a bad STRATA_CHECKPOINT_FAULT fails here, not mid-run
     if (config_.dir.empty()) {
       throw std::invalid_argument("checkpoint_config.dir is empty");
     }

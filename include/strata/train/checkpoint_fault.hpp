@@ -77,13 +77,21 @@ inline checkpoint_fault parse_checkpoint_fault(std::string_view text) {
   return out;
 }
 
+// The fault STRATA_CHECKPOINT_FAULT plans, read once; nullopt when unset or empty. A
+// checkpoint_store reads it when it is made, so that a bad value stops the program before it
+// trains.
+inline const std::optional<checkpoint_fault>& planned_checkpoint_fault() {
+  static const std::optional<checkpoint_fault> fault =
+      ::strata::detail::parse_fault_variable("STRATA_CHECKPOINT_FAULT", parse_checkpoint_fault);
+  return fault;
+}
+
 namespace detail {
 
 // Called by checkpoint_store at each phase of a save; kills the process where the environment
 // says so, else returns. Cheap when the variable is not set.
 inline void checkpoint_crash_point(checkpoint_phase phase, const std::filesystem::path& dir) {
-  static const std::optional<checkpoint_fault> fault =
-      ::strata::detail::parse_fault_variable("STRATA_CHECKPOINT_FAULT", parse_checkpoint_fault);
+  const std::optional<checkpoint_fault>& fault = planned_checkpoint_fault();
   if (!fault || fault->phase != phase) {
     return;
   }

@@ -10,6 +10,8 @@
 //   STRATA_GRADIENT_FAULT="rank=<r>,step=<s>[,every]"
 // On rank r at optimizer step s (counted from 0 over the whole job) every gradient becomes NaN;
 // with `every`, at step s and each step after it. Read once; unset or empty: nothing happens.
+// Refused (strata::error) for a rank outside the job and with dedicated parameter servers, whose
+// workers check and push the gradients before this hook runs.
 
 #include <cstdint>
 #include <limits>
@@ -73,6 +75,17 @@ void attach_gradient_fault(Trainer& t) {
   const std::optional<gradient_fault>& fault = planned_gradient_fault();
   if (!fault) {
     return;
+  }
+  if (fault->rank >= t.world_size()) {
+    throw error("STRATA_GRADIENT_FAULT: rank " + std::to_string(fault->rank) +
+                " is not a rank of this job (world size " + std::to_string(t.world_size()) + ")");
+  }
+  if constexpr (requires { Trainer::ps; }) {
+    if (Trainer::ps && t.config().dedicated_parameter_servers) {
+      throw error(
+          "STRATA_GRADIENT_FAULT: with dedicated parameter servers the workers check and push "
+          "their gradients before the on_gradients hook runs, so the fault would not be seen");
+    }
   }
   const int rank = t.rank();
   t.on_gradients([f = *fault, rank](std::uint64_t step, std::span<float> grads) {
