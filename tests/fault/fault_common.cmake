@@ -8,12 +8,9 @@ endif()
 
 # Stops with an error unless each variable named after `driver` is defined; LIMIT defaults to
 # 60 s; WORK starts empty; sets _dir (WORK/checkpoints) and _failures (empty).
+include("${CMAKE_CURRENT_LIST_DIR}/../../cmake/strata_require_vars.cmake")
 macro(fault_driver_start driver)
-  foreach(_var ${ARGN})
-    if(NOT DEFINED ${_var})
-      message(FATAL_ERROR "${driver}: -D${_var}=... is required")
-    endif()
-  endforeach()
+  strata_require_vars(${driver} ${ARGN})
   if(NOT DEFINED LIMIT)
     set(LIMIT 60)
   endif()

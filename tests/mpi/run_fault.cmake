@@ -5,11 +5,8 @@
 #         [-DLIMIT=30] [-DMODE=always|sampled] -P run_fault.cmake
 # MODE is the fingerprint mode of the late_* scenarios (their second argument).
 cmake_minimum_required(VERSION 3.25)  # modern policies (CMP0054: quoted if() arguments)
-foreach(_var MPIEXEC NUMPROC_FLAG NP PROGRAM SCENARIO)
-  if(NOT DEFINED ${_var})
-    message(FATAL_ERROR "run_fault.cmake: -D${_var}=... is required")
-  endif()
-endforeach()
+include("${CMAKE_CURRENT_LIST_DIR}/../../cmake/strata_require_vars.cmake")
+strata_require_vars(run_fault.cmake MPIEXEC NUMPROC_FLAG NP PROGRAM SCENARIO)
 if(NOT DEFINED LIMIT)
   set(LIMIT 30)
 endif()
