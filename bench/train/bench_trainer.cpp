@@ -13,9 +13,11 @@
 //     shapes) on the fastest provider, as samples/s: what no float32 trainer on these kernels
 //     passes. Measured between the trainer's runs (the best of 8 rounds each time; the median
 //     of those), so that a shared machine's drift hits both alike. limit_bf16: the same
-//     products in bfloat16 on oneDNN, where bfloat16 products are on (model::bf16_products:
-//     oneDNN and a CPU with AVX512-BF16 or AMX-BF16); elsewhere the row says why not.
-// The first lines name the CPU (model, vector ISA) and each provider's kernels.
+//     products in bfloat16 on oneDNN, where the CPU has bfloat16 units (AVX512-BF16 or
+//     AMX-BF16), whether or not the trainer uses them (model::bf16_products); elsewhere the row
+//     says why not.
+// The first lines name the CPU (model, vector ISA), the vectors the program was compiled for and
+// each provider's kernels.
 //
 //   build/bench/bench_trainer [--data-dir DIR] [--batch 256] [--steps 60] [--threads 1,2]
 //                             [--repeats 3] [--gemm auto|onednn|openblas|eigen] [--no-bf16]
@@ -299,6 +301,10 @@ int main(int argc, char** argv) {
       "%zu, median of %zu runs\n",
       o.batch, o.steps, o.warmup, o.repeats);
   std::printf("# CPU: %s; %s\n", cpu_model().c_str(), strata::describe(env.cpu).c_str());
+  std::printf(
+      "# built for %s vectors%s%s\n", strata::to_string(strata::compiled_isa()),
+      strata::compiled_isa() < strata::widest_isa(env.cpu) ? ": " : "",
+      strata::compiled_isa_note(strata::compiled_isa(), strata::widest_isa(env.cpu)).c_str());
   for (const sm::gemm_provider p : sm::available_gemm_providers()) {
     std::printf("# provider %s\n", sm::describe(sm::decide_gemm(p, env), env).c_str());
   }
@@ -388,11 +394,25 @@ int main(int argc, char** argv) {
                   100.0 * (loop_rate / trainer_rate - 1.0));
     row("strata_loop_fp32", t, loop_rate, versus(loop_rate, torch_rate), overhead);
     const bool bf16_products = sm::bf16_products(sm::current_gemm());
+    // bfloat16 products are possible here (oneDNN and a CPU with bfloat16 units), whether or
+    // not the automatic mode chose them.
+    const bool bf16_units =
+        sm::gemm_compiled(sm::gemm_provider::onednn) && (env.cpu.avx512_bf16 || env.cpu.amx_bf16);
     if (o.bf16) {
       const double bf16_rate = median(bf16_rates);
-      row("strata_bf16", t, bf16_rate, versus(bf16_rate, torch_bf16_rate),
-          bf16_products ? "bfloat16 products on oneDNN"
-                        : "bfloat16 emulated: float32 products on rounded values");
+      std::string note = "bfloat16 emulated: float32 products on rounded values";
+      if (bf16_products) {
+        note = "bfloat16 products on oneDNN";
+      } else if (bf16_units && sm::current_gemm() == sm::gemm_provider::onednn) {
+        const sm::bf16_probe_result& probe = sm::bf16_products_probe();
+        char text[160];
+        std::snprintf(text, sizeof text,
+                      "float32 products on bfloat16 values: oneDNN's bfloat16 products measured "
+                      "%.0f against %.0f GFLOP/s",
+                      probe.bf16_gflops, probe.fp32_gflops);
+        note = text;
+      }
+      row("strata_bf16", t, bf16_rate, versus(bf16_rate, torch_bf16_rate), note);
     }
     row("pytorch_fp32", t, torch_rate, std::nullopt,
         torch ? "torch " + torch->at("torch").get<std::string>()
@@ -405,14 +425,19 @@ int main(int argc, char** argv) {
     }
     row("limit_fp32", t, limit, std::nullopt, "the step's GEMMs alone on " + limit_provider);
     if (o.bf16) {
-      if (bf16_products) {
+      if (bf16_units) {
+        // The products in bfloat16 even where the automatic mode keeps them in float32.
+        const sm::bf16_products_mode mode = sm::bf16_products_setting();
+        sm::set_bf16_products(sm::bf16_products_mode::on);
         std::vector<double> rates;
         for (std::size_t r = 0; r < o.repeats; ++r) {
           rates.push_back(static_cast<double>(o.batch) /
                           step_gemm_seconds(sm::gemm_provider::onednn, o.batch, true));
         }
+        sm::set_bf16_products(mode);
         row("limit_bf16", t, median(rates), std::nullopt,
-            "the step's bfloat16 products alone on onednn");
+            std::string("the step's bfloat16 products alone on onednn") +
+                (bf16_products ? "" : " (the trainer multiplies in float32 here: faster)"));
       } else {
         row("limit_bf16", t, std::nullopt, std::nullopt,
             "no bfloat16 products here: they need oneDNN and AVX512-BF16 or AMX-BF16");

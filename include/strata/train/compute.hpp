@@ -3,7 +3,8 @@
 
 // What the trainer does about compute before it trains: the GEMM provider the `gemm` key asks
 // for (model/gemm.hpp), and the log's first lines on it (provider, kernels, threads, measured
-// GFLOP/s, what the choice skipped, how 16-bit products run). Separate from the trainer so that
+// GFLOP/s, what the choice skipped, how 16-bit products run, whether the program was compiled for
+// the CPU's vectors). Separate from the trainer so that
 // the executors of later parallel policies log the same.
 
 #include <cstddef>
@@ -63,10 +64,25 @@ inline std::vector<std::string> compute_log(const model::gemm_decision& d, std::
   for (const std::string& note : d.notes) {
     lines.push_back("gemm: " + note);
   }
+  const std::string narrow = compiled_isa_note(compiled_isa(), widest_isa(env.cpu));
+  if (!narrow.empty()) {
+    lines.push_back("cpu: " + narrow);
+  }
   const bool bf16 = storage == "bfloat16";
   if (bf16 && model::bf16_products(d.provider)) {
     lines.push_back("precision: bfloat16 products on oneDNN (" + d.kernel +
                     "), accumulated in float32; master weights and the optimizer in float32");
+  } else if (bf16 && d.provider == model::gemm_provider::onednn && env.cpu.avx512_bf16 &&
+             !env.cpu.amx_bf16 &&
+             model::bf16_products_setting() == model::bf16_products_mode::automatic) {
+    const model::bf16_probe_result& probe = model::bf16_products_probe();
+    char measured[128];
+    std::snprintf(measured, sizeof measured, "%.1f GFLOP/s against float32's %.1f",
+                  probe.bf16_gflops, probe.fp32_gflops);
+    lines.push_back(std::string("precision: bfloat16 products on oneDNN measured ") + measured +
+                    " on this CPU (AVX512-BF16 without AMX-BF16), so the products run in float32 "
+                    "on values rounded to bfloat16; model::set_bf16_products(on) forces "
+                    "bfloat16 products; master weights and the optimizer in float32");
   } else if (bf16 || storage == "float16") {
     const bool units = bf16 ? (env.cpu.avx512_bf16 || env.cpu.amx_bf16)
                             : (env.cpu.avx512_fp16 || env.cpu.amx_fp16);

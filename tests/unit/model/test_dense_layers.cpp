@@ -119,6 +119,54 @@ TEST_CASE("linear: backward matches central differences") {
   }
 }
 
+TEST_CASE("relu: values at the edges, in place, without a branch on the sign") {
+  // max(x, 0) with NaN and -0 going to +0, as before the loop became a bit mask; the gradient
+  // passes where the input is above 0 only.
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  std::vector<float> x{-2.0f, -0.0f, 0.0f, 1e-40f, 3.5f, nan, inf, -inf, -1e-40f};
+  std::vector<float> g{1.0f, 2.0f, 3.0f, 4.0f, 5.0f, 6.0f, 7.0f, 8.0f, 9.0f};
+  const sample_shape shape = vec(9);
+  std::vector<float> y(9, -1.0f);
+  sm::relu{}.forward({.batch = 1, .in_shape = shape, .out_shape = shape, .input = x, .output = y});
+  const std::vector<float> want_y{0.0f, 0.0f, 0.0f, 1e-40f, 3.5f, 0.0f, inf, 0.0f, 0.0f};
+  CHECK(y == want_y);
+  for (const float v : y) {
+    CHECK_FALSE(std::signbit(v));
+  }
+  std::vector<float> dx(9, -1.0f);
+  sm::relu{}.backward({.batch = 1,
+                       .in_shape = shape,
+                       .out_shape = shape,
+                       .input = x,
+                       .output = want_y,
+                       .grad_output = g,
+                       .grad_input = dx});
+  CHECK(dx == std::vector<float>{0.0f, 0.0f, 0.0f, 4.0f, 5.0f, 0.0f, 7.0f, 0.0f, 0.0f});
+  std::vector<float> in_place = x;
+  sm::relu{}.forward(
+      {.batch = 1, .in_shape = shape, .out_shape = shape, .input = in_place, .output = in_place});
+  CHECK(in_place == want_y);
+}
+
+TEST_CASE("cpu: a program compiled for narrower vectors than the CPU has says so") {
+  using strata::isa_level;
+  CHECK(strata::compiled_isa_note(isa_level::avx512, isa_level::avx512).empty());
+  CHECK(strata::compiled_isa_note(isa_level::avx2, isa_level::avx2).empty());
+  CHECK(strata::compiled_isa_note(isa_level::avx512, isa_level::avx2).empty());
+  const std::string sse_on_avx512 =
+      strata::compiled_isa_note(isa_level::baseline, isa_level::avx512);
+  CHECK(sse_on_avx512.find("compiled for SSE and the CPU has AVX-512") != std::string::npos);
+  CHECK(sse_on_avx512.find("-march=native") != std::string::npos);
+  CHECK(sse_on_avx512.find("x86-64-v4") != std::string::npos);
+  CHECK(strata::compiled_isa_note(isa_level::avx, isa_level::avx2).find("x86-64-v3") !=
+        std::string::npos);
+  // This test program is built without -march (RelWithDebInfo): what the note compares.
+#if !defined(__AVX2__)
+  CHECK(strata::compiled_isa() == isa_level::baseline);
+#endif
+}
+
 TEST_CASE("relu, gelu, flatten: backward matches central differences") {
   const sample_shape image{.channels = 2, .height = 3, .width = 2};
   const auto relu_result = check_gradients(
@@ -960,10 +1008,36 @@ TEST_CASE("gemm: every provider, every transpose, alpha, beta and leading dimens
   }
 }
 
-TEST_CASE("gemm: bfloat16 inputs multiply in bfloat16 on oneDNN, accumulated in float32") {
+TEST_CASE("gemm: bfloat16 products where they are faster: AMX, or AVX512-BF16 as measured") {
+  const strata::cpu_features amx{
+      .avx2 = true, .avx512 = true, .avx512_bf16 = true, .amx_bf16 = true};
+  const strata::cpu_features avx512_bf16{.avx2 = true, .avx512 = true, .avx512_bf16 = true};
+  const strata::cpu_features no_units{.avx2 = true, .avx512 = true};
+  const sm::bf16_probe_result slower{.measured = true, .bf16_gflops = 81.0, .fp32_gflops = 159.0};
+  const sm::bf16_probe_result faster{.measured = true, .bf16_gflops = 300.0, .fp32_gflops = 159.0};
+  CHECK(sm::bf16_products_automatic(amx, {}));
+  CHECK(sm::bf16_products_automatic(amx, slower));
+  CHECK(sm::bf16_products_automatic(avx512_bf16, faster));
+  CHECK_FALSE(sm::bf16_products_automatic(avx512_bf16, slower));
+  CHECK_FALSE(sm::bf16_products_automatic(avx512_bf16, {}));
+  CHECK_FALSE(sm::bf16_products_automatic(no_units, faster));
+
+  // This machine: the probe runs only where the decision needs it, and the mode follows it.
   const auto cpu = strata::detect_cpu_features();
-  CHECK(sm::bf16_products(sm::gemm_provider::onednn) ==
-        (sm::gemm_compiled(sm::gemm_provider::onednn) && (cpu.avx512_bf16 || cpu.amx_bf16)));
+  if (!sm::gemm_compiled(sm::gemm_provider::onednn)) {
+    CHECK_FALSE(sm::bf16_products(sm::gemm_provider::onednn));
+    return;
+  }
+  const sm::bf16_probe_result& probe = sm::bf16_products_probe();
+  CHECK(probe.measured == (cpu.avx512_bf16 && !cpu.amx_bf16));
+  if (probe.measured) {
+    CHECK(probe.bf16_gflops > 0.0);
+    CHECK(probe.fp32_gflops > 0.0);
+  }
+  CHECK(sm::bf16_products(sm::gemm_provider::onednn) == sm::bf16_products_automatic(cpu, probe));
+}
+
+TEST_CASE("gemm: bfloat16 inputs multiply in bfloat16 on oneDNN, accumulated in float32") {
   CHECK_FALSE(sm::bf16_products(sm::gemm_provider::openblas));
   CHECK_FALSE(sm::bf16_products(sm::gemm_provider::eigen));
   if (!sm::gemm_compiled(sm::gemm_provider::onednn)) {

@@ -11,6 +11,7 @@
 #include <limits>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "strata/batch/adaptive.hpp"
@@ -280,6 +281,47 @@ TEST_CASE("bfloat16 training keeps float32 master weights and learns like float3
       CHECK(losses.back() == doctest::Approx(first_losses.back()).epsilon(0.2));
     }
   }
+}
+
+TEST_CASE("the log's first lines say how 16-bit products run on this CPU, and why") {
+  namespace sm = strata::model;
+  const strata::config::train_config cfg;
+  const sm::gemm_decision d = st::detail::choose_gemm(cfg);
+  const auto precision_lines = [&](std::string_view storage) {
+    std::vector<std::string> found;
+    for (const std::string& line : st::detail::compute_log(d, 8, 32, 16, storage)) {
+      if (line.starts_with("precision: ")) {
+        found.push_back(line);
+      }
+    }
+    return found;
+  };
+  CHECK(precision_lines("float32").empty());
+  const auto bf16 = precision_lines("bfloat16");
+  REQUIRE(bf16.size() == 1);
+  CAPTURE(bf16[0]);
+  const auto cpu = strata::detect_cpu_features();
+  if (sm::bf16_products(d.provider)) {
+    CHECK(bf16[0].starts_with("precision: bfloat16 products on oneDNN ("));
+  } else if (d.provider == sm::gemm_provider::onednn && cpu.avx512_bf16 && !cpu.amx_bf16) {
+    // The units are there, and the probe found them slower than float32 products.
+    CHECK(bf16[0].starts_with("precision: bfloat16 products on oneDNN measured "));
+    CHECK(bf16[0].find("so the products run in float32") != std::string::npos);
+    CHECK(sm::bf16_products_probe().bf16_gflops <= sm::bf16_products_probe().fp32_gflops);
+  } else {
+    CHECK(bf16[0].starts_with("precision: bfloat16 is emulated"));
+  }
+  const auto fp16 = precision_lines("float16");
+  REQUIRE(fp16.size() == 1);
+  CHECK(fp16[0].starts_with("precision: float16 is emulated"));
+  // Off: the emulated line whatever the CPU has.
+  struct restore {
+    ~restore() { sm::set_bf16_products(sm::bf16_products_mode::automatic); }
+  } restore_mode;
+  sm::set_bf16_products(sm::bf16_products_mode::off);
+  const auto off = precision_lines("bfloat16");
+  REQUIRE(off.size() == 1);
+  CHECK(off[0].starts_with("precision: bfloat16 is emulated"));
 }
 
 TEST_CASE("float16 with injected overflows skips those steps bit for bit and recovers") {
