@@ -241,8 +241,9 @@ std::optional<nlohmann::json> run_torch(const options& o, int threads, bool bf16
 }
 
 // Seconds of one step's products of the MLP at `batch` on provider p, the best of a few rounds:
-// forward x W^T, weight gradients dy^T x and input gradients dy W (none for the first layer,
-// whose input needs none), as the reference linear layer calls them.
+// forward x W^T + b, weight gradients dy^T x (written: the step's first backward) and input
+// gradients dy W (none for the first layer, whose input needs none), as the reference linear
+// layer calls them.
 double step_gemm_seconds(sm::gemm_provider p, std::size_t batch, bool bf16 = false) {
   struct layer_shape {
     std::size_t in;
@@ -254,14 +255,15 @@ double step_gemm_seconds(sm::gemm_provider p, std::size_t batch, bool bf16 = fal
   std::vector<float> w(1024 * 1024, 0.25f);
   std::vector<float> y(batch * 1024);
   std::vector<float> dw(1024 * 1024);
+  std::vector<float> bias(1024, 0.125f);
   double best = 1e30;
   for (int round = 0; round < 8; ++round) {
     const auto start = clock_type::now();
     for (const layer_shape& l : layers) {
-      sm::gemm_on(p, {.transpose_b = true, .bfloat16_inputs = bf16}, batch, l.out, l.in, 1.0f,
-                  x.data(), l.in, w.data(), l.in, 1.0f, y.data(), l.out);
+      sm::gemm_bias_on(p, {.transpose_b = true, .bfloat16_inputs = bf16}, batch, l.out, l.in,
+                       x.data(), l.in, w.data(), l.in, bias.data(), y.data(), l.out);
       sm::gemm_on(p, {.transpose_a = true, .bfloat16_inputs = bf16}, l.out, l.in, batch, 1.0f,
-                  y.data(), l.out, x.data(), l.in, 1.0f, dw.data(), l.in);
+                  y.data(), l.out, x.data(), l.in, 0.0f, dw.data(), l.in);
       if (l.input_grad) {
         sm::gemm_on(p, {.bfloat16_inputs = bf16}, batch, l.in, l.out, 1.0f, y.data(), l.out,
                     w.data(), l.in, 0.0f, x.data(), l.in);

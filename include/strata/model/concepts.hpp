@@ -27,7 +27,12 @@
 //   6. declare saved state: `l.workspace_elements(in, batch)` floats kept from forward to
 //      backward (default: 0);
 //   7. estimate its cost per sample: `l.cost(in)` returns layer_cost (default: no flops, the
-//      output's bytes), for the pipeline partitioner and the tuner.
+//      output's bytes), for the pipeline partitioner and the tuner;
+//   8. write its parameter gradients instead of adding: `L::writes_grads` is a constant true
+//      when backward honours args.write_grads: then args.grads hold nothing of this step yet
+//      (any bits, NaN included) and backward writes every element of them, giving what adding
+//      into zeros would. It saves a pass over the gradients per step (param_store::
+//      discard_grads). Default: false, and the container zeroes the layer's gradients first.
 //
 // Tier 2: a type that cannot be changed takes part by specializing enable_layer to true and
 // layer_traits to adapt it; containers reach every layer only through layer_traits.
@@ -217,15 +222,29 @@ struct backward_args {
   std::span<const float> grad_output{};  // batch x out_shape.elements()
   std::span<float> grad_input{};         // batch x in_shape.elements(); empty: not wanted
   std::span<const float> params{};
-  std::span<float> grads{};        // same layout as params; ADD into it
+  std::span<float> grads{};        // same layout as params; ADD into it (but see write_grads)
   std::span<float> workspace{};    // as forward left it
   grads_progress progress{};       // optional reports of final leading parts of grads
   dtype storage = dtype::float32;  // as forward_args::storage
+  // True only for layers whose traits say writes_grads() (requirement 8): grads hold no
+  // contribution yet (any bits); WRITE every element instead of adding.
+  bool write_grads = false;
 };
 
 // The primary traits forward to the members; the optional ones fall back to the defaults.
 template <class L>
 struct layer_traits {
+  // Requirement 8: whether backward honours backward_args::write_grads.
+  static constexpr bool writes_grads() {
+    if constexpr (requires {
+                    { L::writes_grads } -> std::convertible_to<bool>;
+                  }) {
+      return static_cast<bool>(L::writes_grads);
+    } else {
+      return false;
+    }
+  }
+
   static sample_shape output_shape(const L& l, const sample_shape& in) requires requires {
     { l.output_shape(in) } -> std::convertible_to<sample_shape>;
   }
@@ -269,6 +288,18 @@ struct layer_traits {
     }
   }
 };
+
+// Requirement 8 as containers ask it: false also for traits specialized without it (tier 2).
+template <class L>
+constexpr bool layer_writes_grads() {
+  if constexpr (requires {
+                  { layer_traits<L>::writes_grads() } -> std::convertible_to<bool>;
+                }) {
+    return layer_traits<L>::writes_grads();
+  } else {
+    return false;
+  }
+}
 
 // 1.
 template <class L>

@@ -9,10 +9,12 @@
 // flat vector, so a flatten in front is optional); the output is 1 x 1 x out. Parameters, in
 // this order: "weight", out x in, row-major (row o holds the weights of output o), then, with
 // .bias, "bias", 1 x out. The products go through model::gemm (gemm.hpp: oneDNN, OpenBLAS
-// or Eigen); the bias is the output's starting value, which the forward product adds to. No saved
+// or Eigen); the bias joins the forward product in one pass where the provider can (gemm_bias:
+// oneDNN), else it is the output's starting value, which the product adds to. No saved
 // state: backward reads args.input. Asked for parts (backward_args::progress), backward computes
 // the weight gradient in blocks of rows (at least min_part_rows) and reports each; the bias
-// gradient comes last, final when backward returns.
+// gradient comes last, final when backward returns. It writes its gradients rather than adding
+// when asked (backward_args::write_grads).
 
 #include <Eigen/Core>
 #include <algorithm>
@@ -31,6 +33,9 @@ namespace strata::model {
 
 struct linear {
   using layer_category = layer_tag;
+  // Requirement 8: after param_store::discard_grads the weight gradient's product overwrites
+  // (beta = 0) and the bias gradient is assigned, so no pass zeroes them first.
+  static constexpr bool writes_grads = true;
 
   std::size_t in = 0;   // input features, at least 1
   std::size_t out = 0;  // output features, at least 1
@@ -87,16 +92,16 @@ struct linear {
     if (args.batch == 0) {
       return;
     }
-    // y = x W^T (+ b: the rows start as the bias and the product adds into them).
+    // y = x W^T (+ b, in the same pass where the provider can: gemm_bias).
     const bool bf16 = args.storage == dtype::bfloat16;
-    float beta = 0.0f;
     if (bias) {
-      matrix y(args.output.data(), rows(args.batch), cols(out));
-      y.rowwise() = const_row(args.params.data() + out * in, cols(out));
-      beta = 1.0f;
+      gemm_bias({.transpose_b = true, .bfloat16_inputs = bf16}, args.batch, out, in,
+                args.input.data(), in, args.params.data(), in, args.params.data() + out * in,
+                args.output.data(), out);
+    } else {
+      gemm({.transpose_b = true, .bfloat16_inputs = bf16}, args.batch, out, in, 1.0f,
+           args.input.data(), in, args.params.data(), in, 0.0f, args.output.data(), out);
     }
-    gemm({.transpose_b = true, .bfloat16_inputs = bf16}, args.batch, out, in, 1.0f,
-         args.input.data(), in, args.params.data(), in, beta, args.output.data(), out);
   }
 
   void backward(const backward_args& args) const {
@@ -114,6 +119,8 @@ struct linear {
     const float* x = args.input.data();
     const float* dy = args.grad_output.data();
     float* dw = args.grads.data();
+    // Adding into dW, or writing it (write_grads: the products overwrite what is there).
+    const float dw_beta = args.write_grads ? 0.0f : 1.0f;
     const std::size_t chunk = args.progress.chunk;
     if (chunk > 0 && chunk < out * in) {
       // In parts of whole rows of dW of at least `chunk` floats, each reported final: data
@@ -124,17 +131,21 @@ struct linear {
         const std::size_t n = std::min(part, out - r);
         // dW[r:r+n] += dy[:, r:r+n]^T x
         gemm({.transpose_a = true, .bfloat16_inputs = bf16}, n, in, args.batch, 1.0f, dy + r, out,
-             x, in, 1.0f, dw + r * in, in);
+             x, in, dw_beta, dw + r * in, in);
         args.progress((r + n) * in);
       }
     } else {
       gemm({.transpose_a = true, .bfloat16_inputs = bf16}, out, in, args.batch, 1.0f, dy, out, x,
-           in, 1.0f, dw, in);
+           in, dw_beta, dw, in);
     }
     if (bias) {
       const const_matrix dy_rows(dy, rows(args.batch), cols(out));
       row db(args.grads.data() + out * in, cols(out));
-      db += dy_rows.colwise().sum();
+      if (args.write_grads) {
+        db = dy_rows.colwise().sum();
+      } else {
+        db += dy_rows.colwise().sum();
+      }
     }
     if (!args.grad_input.empty()) {
       // dx = dy W

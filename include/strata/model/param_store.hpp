@@ -110,15 +110,36 @@ class param_store {
 
   std::span<float> values() noexcept { return values_.span(); }
   std::span<const float> values() const noexcept { return values_.span(); }
-  std::span<float> grads() noexcept { return grads_.span(); }
-  std::span<const float> grads() const noexcept { return grads_.span(); }
+  // The gradients. After discard_grads() and before a backward has written them, the first
+  // call zeroes them: they read as zero_grads() would have left them.
+  std::span<float> grads() noexcept {
+    materialize_grads();
+    return grads_.span();
+  }
+  std::span<const float> grads() const noexcept {
+    materialize_grads();
+    return grads_.span();
+  }
 
   // A group's (layer's) parameters and gradients.
   std::span<float> group_values(std::size_t g) { return slice(values_.span(), group_range(g)); }
   std::span<const float> group_values(std::size_t g) const {
     return slice(values_.span(), group_range(g));
   }
-  std::span<float> group_grads(std::size_t g) { return slice(grads_.span(), group_range(g)); }
+  std::span<float> group_grads(std::size_t g) {
+    materialize_grads();
+    return slice(grads_.span(), group_range(g));
+  }
+
+  // For the model's backward and whoever consumes what it reports (data parallelism's buckets):
+  // the gradient memory as it is, discarded or not. Whoever writes through it writes every
+  // group's gradients before anything reads them (as sequential::backward does for layers that
+  // declare writes_grads and zeroes for the others), then calls grads_written().
+  std::span<float> grads_to_write() noexcept { return grads_.span(); }
+  std::span<float> group_grads_to_write(std::size_t g) {
+    return slice(grads_.span(), group_range(g));
+  }
+  void grads_written() noexcept { grads_discarded_ = false; }
 
   // A tensor by name ("2.weight").
   const param_entry& entry(std::string_view name) const {
@@ -143,15 +164,43 @@ class param_store {
     return values_.span().subspan(e.offset, e.spec.elements());
   }
   std::span<float> grad(std::string_view name) {
+    materialize_grads();
     const auto& e = entry(name);
     return grads_.span().subspan(e.offset, e.spec.elements());
   }
 
   void zero_grads() noexcept {
+    grads_discarded_ = false;
     if (total_ != 0) {
       values_.space().zero(grads_.data(), grads_.bytes());
     }
   }
+
+  // A step's fresh gradients without a pass over them: they count as zero, and the model's next
+  // backward writes them (layers that declare writes_grads) or zeroes a layer's range before
+  // that layer adds. Reading them first (grads(), group_grads(), grad()) zeroes them then.
+  // The alignment padding between groups, which no layer writes, is zeroed here (a few floats
+  // per group), so that whatever reads the whole span (a reduction, a finiteness check) sees
+  // zeros there as after zero_grads().
+  void discard_grads() noexcept {
+    if (total_ == 0) {
+      return;
+    }
+    grads_discarded_ = true;
+    float* g = grads_.data();
+    const auto zero = [&](std::size_t from, std::size_t to) {
+      if (to > from) {
+        values_.space().zero(g + from, (to - from) * sizeof(float));
+      }
+    };
+    std::size_t end = 0;
+    for (const param_group& group : groups_) {
+      zero(end, group.offset);
+      end = group.offset + group.elements;
+    }
+    zero(end, total_);
+  }
+  bool grads_discarded() const noexcept { return grads_discarded_; }
 
   // Seeded initialisation of every tensor by its init_kind: tensor t draws from the stream
   // (seed, epoch 0, sample t, substream 0x1A17), so a tensor's values do not depend on the
@@ -172,6 +221,15 @@ class param_store {
     std::size_t offset = 0;
     std::size_t elements = 0;
   };
+
+  // Discarded gradients become zeros at their first read. A read through a const store counts:
+  // the values it sees are the same either way.
+  void materialize_grads() const noexcept {
+    if (grads_discarded_) {
+      values_.space().zero(const_cast<float*>(grads_.data()), grads_.bytes());
+      grads_discarded_ = false;
+    }
+  }
 
   range group_range(std::size_t g) const {
     if (g >= groups_.size()) {
@@ -231,6 +289,7 @@ class param_store {
   std::size_t total_ = 0;
   buffer<float> values_{};
   buffer<float> grads_{};
+  mutable bool grads_discarded_ = false;
 };
 
 }  // namespace strata::model

@@ -215,7 +215,8 @@ class sequential {
   }
 
   // Back-propagates grad_output (batch x output elements, for the batch of the last forward)
-  // and adds every parameter's gradient into params.grads().
+  // and adds every parameter's gradient into params.grads() (writes them after
+  // params.discard_grads()).
   void backward(sequential_workspace& w, param_store& params,
                 std::span<const float> grad_output) const {
     backward(w, params, grad_output, [](std::size_t) {});
@@ -249,6 +250,9 @@ class sequential {
                                   std::to_string(batch * output_shape().elements()));
     }
     check_params(params);
+    // Discarded gradients (param_store::discard_grads): each layer writes its own (writes_grads)
+    // or finds them zeroed here, so no pass over all of them comes first.
+    const bool fresh = params.grads_discarded();
     std::span<const float> upstream = grad_output;
     bool into_a = true;
     const std::size_t k = w.config_.checkpoint_every;
@@ -270,7 +274,14 @@ class sequential {
       }
       a.grad_input = grad_in;
       a.params = params.group_values(I);
-      a.grads = params.group_grads(I);
+      a.grads = params.group_grads_to_write(I);
+      if (fresh) {
+        if constexpr (layer_writes_grads<layer_t<I>>()) {
+          a.write_grads = true;
+        } else {
+          std::fill(a.grads.begin(), a.grads.end(), 0.0f);
+        }
+      }
       a.workspace = saved_of(w, I, l, batch);
       a.storage = w.options_.storage;
       // What the layer reports goes to part_done with the layer's index.
@@ -295,6 +306,7 @@ class sequential {
       upstream = grad_in;
       into_a = !into_a;
     });
+    params.grads_written();
   }
 
  private:

@@ -1161,7 +1161,7 @@ class trainer {
                     ": restart() after the step's last micro-step at step " +
                     std::to_string(t_.step_));
       }
-      t_.compute_params().zero_grads();
+      t_.compute_params().discard_grads();
     }
     void set_workspace(std::size_t samples) {
       work_ = workspace{};
@@ -1228,7 +1228,9 @@ class trainer {
     if (reducer != nullptr) {
       // The buckets start as backward completes them; the reducer rounds each through the
       // compute type as it starts.
-      reducer->begin(p.grads());
+      // The memory backward is about to write: the reducer reads each bucket only once
+      // backward reports it complete.
+      reducer->begin(p.grads_to_write());
       if constexpr (requires {
                       model_.backward(
                           work, p, grad, [](std::size_t) {}, [](std::size_t, std::size_t) {},
@@ -1258,10 +1260,11 @@ class trainer {
   // Mixed: the compute copy takes the master values rounded through the compute type.
   void cast_to_compute() { precision_.refresh(params_); }
 
-  // Before a step's first micro-step: fresh gradients (and the compute copy when mixed).
+  // Before a step's first micro-step: fresh gradients (and the compute copy when mixed). The
+  // first backward writes them (param_store::discard_grads), with no pass to zero them.
   void begin_step() {
     cast_to_compute();
-    compute_params().zero_grads();
+    compute_params().discard_grads();
   }
 
   // After a step's last micro-step: hand the gradients to the callbacks, then (mixed) unscale

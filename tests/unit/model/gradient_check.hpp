@@ -18,7 +18,8 @@
 //   - forward writes all of output (pre-filled with NaN) and is bit-for-bit repeatable;
 //   - backward writes all of grad_input (pre-filled with NaN) and ADDS into grads (pre-filled
 //     with config.grad_prefill; a second backward must add the same amount again);
-//   - backward accepts an empty grad_input and then gives the same parameter gradients.
+//   - backward accepts an empty grad_input and then gives the same parameter gradients;
+//   - a layer that declares writes_grads writes, over NaN, what it adds into zeros.
 // Forward runs again before every backward, with the same args, so a backward that consumes its
 // workspace is not penalised. The whole check runs once on every GEMM provider of the build
 // (model/gemm.hpp: oneDNN, OpenBLAS, Eigen), each problem prefixed with the provider's name; probes
@@ -195,7 +196,8 @@ gradient_check_result check_gradients_once(const L& l, const gradient_check_conf
     return sum;
   };
   // Forward, then backward into the given buffers.
-  const auto run_backward = [&](std::span<float> grad_input, std::span<float> grads) {
+  const auto run_backward = [&](std::span<float> grad_input, std::span<float> grads,
+                                bool write = false) {
     run_forward(output);
     traits::backward(l, backward_args{.batch = batch,
                                       .in_shape = in_shape,
@@ -206,7 +208,8 @@ gradient_check_result check_gradients_once(const L& l, const gradient_check_conf
                                       .grad_input = grad_input,
                                       .params = params,
                                       .grads = grads,
-                                      .workspace = workspace});
+                                      .workspace = workspace,
+                                      .write_grads = write});
   };
 
   // Forward writes everything, deterministically.
@@ -252,6 +255,22 @@ gradient_check_result check_gradients_once(const L& l, const gradient_check_conf
                                detail::describe("grads", i) + " = " +
                                std::to_string(without_input[i]) + ", with one " +
                                std::to_string(grads[i]));
+    }
+  }
+
+  // Requirement 8: a layer that writes its gradients when asked gives, over NaN, the same bits
+  // it adds into zeros.
+  if constexpr (strata::model::layer_writes_grads<L>()) {
+    std::vector<float> added(param_size, 0.0f);
+    run_backward(second_grad_input, added);
+    std::vector<float> written(param_size, unwritten);
+    run_backward(second_grad_input, written, true);
+    for (std::size_t i = 0; i < param_size; ++i) {
+      if (std::bit_cast<std::uint32_t>(written[i]) != std::bit_cast<std::uint32_t>(added[i])) {
+        detail::note(result, "backward with write_grads gives " + detail::describe("grads", i) +
+                                 " = " + std::to_string(written[i]) + ", added into zeros " +
+                                 std::to_string(added[i]));
+      }
     }
   }
 

@@ -1008,6 +1008,59 @@ TEST_CASE("gemm: every provider, every transpose, alpha, beta and leading dimens
   }
 }
 
+TEST_CASE("gemm_bias: the product plus a row, every provider and transpose, C not read") {
+  const std::size_t m = 11;
+  const std::size_t n = 7;
+  const std::size_t k = 19;
+  const std::size_t pad = 2;
+  const auto a_values = random_values((m + k) * (m + k + pad), 15);
+  const auto b_values = random_values((n + k) * (n + k + pad), 16);
+  const auto bias = random_values(n, 17);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (const sm::gemm_provider p : sm::available_gemm_providers()) {
+    for (const bool ta : {false, true}) {
+      for (const bool tb : {false, true}) {
+        CAPTURE(sm::to_string(p));
+        CAPTURE(ta);
+        CAPTURE(tb);
+        const std::size_t lda = (ta ? m : k) + pad;
+        const std::size_t ldb = (tb ? k : n) + pad;
+        const std::size_t ldc = n + pad;
+        std::vector<float> c(m * ldc, nan);
+        for (std::size_t i = 0; i < m; ++i) {
+          c[i * ldc + n] = 5.0f;  // padding: left alone
+        }
+        // The same answer on the cached primitive's second use.
+        for (int use = 0; use < 2; ++use) {
+          sm::gemm_bias_on(p, {.transpose_a = ta, .transpose_b = tb}, m, n, k, a_values.data(), lda,
+                           b_values.data(), ldb, bias.data(), c.data(), ldc);
+          double worst = 0.0;
+          for (std::size_t i = 0; i < m; ++i) {
+            for (std::size_t j = 0; j < n; ++j) {
+              double sum = bias[j];
+              for (std::size_t l = 0; l < k; ++l) {
+                const double av = ta ? a_values[l * lda + i] : a_values[i * lda + l];
+                const double bv = tb ? b_values[j * ldb + l] : b_values[l * ldb + j];
+                sum += av * bv;
+              }
+              worst = std::max(worst, std::abs(sum - c[i * ldc + j]));
+            }
+            CHECK(c[i * ldc + n] == 5.0f);
+            CHECK(std::isnan(c[i * ldc + n + 1]));
+          }
+          CHECK(worst < 1e-4);
+        }
+      }
+    }
+    // k = 0: every row is the bias.
+    std::vector<float> c(2 * n, nan);
+    sm::gemm_bias_on(p, {}, 2, n, 0, a_values.data(), 1, b_values.data(), n, bias.data(), c.data(),
+                     n);
+    CHECK(std::vector<float>(c.begin(), c.begin() + static_cast<std::ptrdiff_t>(n)) == bias);
+    CHECK(std::vector<float>(c.begin() + static_cast<std::ptrdiff_t>(n), c.end()) == bias);
+  }
+}
+
 TEST_CASE("gemm: bfloat16 products where they are faster: AMX, or AVX512-BF16 as measured") {
   const strata::cpu_features amx{
       .avx2 = true, .avx512 = true, .avx512_bf16 = true, .amx_bf16 = true};

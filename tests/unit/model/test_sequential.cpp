@@ -5,7 +5,9 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <stdexcept>
+#include <utility>
 #include <vector>
 
 #include "strata/core/rng.hpp"
@@ -191,4 +193,51 @@ TEST_CASE("activation checkpointing keeps segment ends only and gives the same g
   // Segments of 3: ends 2, 5, 8, 11, 12 kept, plus two inner output slots.
   const auto w3 = model.make_workspace(batch, {.checkpoint_every = 3});
   CHECK(w3.activation_floats() < plain.activation_floats() * 7 / 10);
+}
+
+TEST_CASE("discarded gradients: backward writes them, whatever the memory held") {
+  // linear writes its gradients (writes_grads); layer_norm adds, so sequential zeroes its range
+  // first. Both must give the bits that zero_grads() + backward gives, and a second backward
+  // (the next micro-batch) must add to them as before.
+  static_assert(sm::layer_writes_grads<sm::linear>());
+  static_assert(!sm::layer_writes_grads<sm::layer_norm>());
+  const auto model = sm::sequential(strata::sample_shape{.channels = 1, .height = 1, .width = 12},
+                                    sm::linear{.in = 12, .out = 9}, sm::layer_norm{.features = 9},
+                                    sm::relu{}, sm::linear{.in = 9, .out = 4});
+  const std::size_t batch = 5;
+  auto params = model.make_params();
+  params.initialize(3);
+  auto w = model.make_workspace(batch);
+  const auto input = random_floats(batch * 12, 4);
+  const auto grad_out = random_floats(batch * 4, 5);
+  const auto run = [&] {
+    (void)model.forward(w, params, input, batch, {.training = true, .seed = 5, .step = 1});
+    model.backward(w, params, grad_out);
+  };
+  params.zero_grads();
+  run();
+  const std::vector<float> once(params.grads().begin(), params.grads().end());
+  run();
+  const std::vector<float> twice(params.grads().begin(), params.grads().end());
+
+  // NaN everywhere, the alignment padding between the layers' groups too.
+  for (float& g : params.grads()) {
+    g = std::numeric_limits<float>::quiet_NaN();
+  }
+  params.discard_grads();
+  CHECK(params.grads_discarded());
+  run();
+  CHECK_FALSE(params.grads_discarded());
+  CHECK(std::vector<float>(params.grads().begin(), params.grads().end()) == once);
+  run();
+  CHECK(std::vector<float>(params.grads().begin(), params.grads().end()) == twice);
+
+  // Discarded and read before any backward: zeros, as zero_grads() would have left them.
+  params.discard_grads();
+  for (const float g : std::as_const(params).grads()) {
+    CHECK(g == 0.0f);
+  }
+  CHECK_FALSE(params.grads_discarded());
+  run();
+  CHECK(std::vector<float>(params.grads().begin(), params.grads().end()) == once);
 }
