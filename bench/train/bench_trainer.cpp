@@ -409,8 +409,8 @@ int main(int argc, char** argv) {
         const sm::bf16_probe_result& probe = sm::bf16_products_probe();
         char text[160];
         std::snprintf(text, sizeof text,
-                      "float32 products on bfloat16 values: oneDNN's bfloat16 products measured "
-                      "%.0f against %.0f GFLOP/s",
+                      "float32 products on bfloat16 values (no AMX); oneDNN's bfloat16 products "
+                      "measured %.0f against %.0f GFLOP/s",
                       probe.bf16_gflops, probe.fp32_gflops);
         note = text;
       }
@@ -439,7 +439,7 @@ int main(int argc, char** argv) {
         sm::set_bf16_products(mode);
         row("limit_bf16", t, median(rates), std::nullopt,
             std::string("the step's bfloat16 products alone on onednn") +
-                (bf16_products ? "" : " (the trainer multiplies in float32 here: faster)"));
+                (bf16_products ? "" : " (the trainer multiplies in float32 here)"));
       } else {
         row("limit_bf16", t, std::nullopt, std::nullopt,
             "no bfloat16 products here: they need oneDNN and AVX512-BF16 or AMX-BF16");

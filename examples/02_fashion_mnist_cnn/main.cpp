@@ -14,6 +14,8 @@
 #include <strata/data.hpp>
 #include <strata/model/layers.hpp>
 #include <strata/model/sequential.hpp>
+#include <strata/train/configured.hpp>
+#include <strata/train/gradient_fault.hpp>
 #include <strata/train/trainer.hpp>
 
 #include "../common/example_main.hpp"
@@ -62,8 +64,10 @@ int main(int argc, char** argv) {
         // gradient_accumulation_steps, mixed_precision_dtype, world_size,
         // communication_backend). With more than one rank it compiles in data<all_reduce> only:
         // 12 trainer types rather than example 01's 42.
-        constexpr auto menu = examples::data_parallel_menu::all_reduce_only;
-        return examples::train_as_configured<menu>(make_cnn(), cfg, [&](auto& run) {
+        // snippet-begin: configured
+        constexpr auto menu = strata::train::data_parallel_menu::all_reduce_only;
+        return strata::train::train_as_configured<menu>(make_cnn(), cfg, [&](auto& run) {
+          strata::train::attach_gradient_fault(run);  // the fault suite's STRATA_GRADIENT_FAULT
           if (run.rank() == 0) {
             std::printf(
                 "fashion_mnist_cnn: %zu parameters, %zu training / %zu test samples, GEMM: %s, "
@@ -73,5 +77,6 @@ int main(int argc, char** argv) {
           }
           return run.fit(train, cnn_augmentation(cfg.augment), test, sd::fashion_mnist_normalize());
         });
+        // snippet-end: configured
       });
 }

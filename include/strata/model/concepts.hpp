@@ -236,10 +236,13 @@ template <class L>
 struct layer_traits {
   // Requirement 8: whether backward honours backward_args::write_grads.
   static constexpr bool writes_grads() {
-    if constexpr (requires {
-                    { L::writes_grads } -> std::convertible_to<bool>;
-                  }) {
-      return static_cast<bool>(L::writes_grads);
+    if constexpr (requires { L::writes_grads; }) {
+      // Anything else by that name (a function, an int) would read as true and let the layer
+      // add into memory nobody zeroed.
+      static_assert(std::is_same_v<std::remove_cv_t<decltype(L::writes_grads)>, bool>,
+                    "model: a layer's writes_grads must be 'static constexpr bool writes_grads = "
+                    "true;' (requirement 8)");
+      return L::writes_grads;
     } else {
       return false;
     }

@@ -414,28 +414,26 @@ struct gemm_options {
 };
 
 // Whether products of bfloat16 inputs run in bfloat16 (oneDNN matmul): automatic = when the
-// provider is oneDNN and they are faster there than float32 products (bf16_products_automatic);
-// on = with oneDNN on any CPU (oneDNN emulates the units it lacks, slowly: for tests and for
-// users who want bfloat16 products whatever they cost); off = never.
+// provider is oneDNN and the CPU has AMX-BF16 (bf16_products_automatic); on = with oneDNN on any
+// CPU (oneDNN emulates the units it lacks, slowly: for tests and for users who want bfloat16
+// products whatever they cost); off = never.
 enum class bf16_products_mode { automatic, on, off };
 
 // A CPU with AVX512-BF16 but no AMX-BF16 does one bfloat16 dot-product instruction where it
 // does two float32 FMAs, so bfloat16 products there are at best as fast as float32 ones (oneDNN
-// 2.6's reached half on an Emerald Rapids core). The automatic mode measures both once there,
-// on a 256 x 1024 x 1024 product with the threads set at the time (bf16_products_probe).
+// 2.6's reached half on an Emerald Rapids core); the automatic mode leaves them off there. The
+// decision is by capability, not by timing, so every rank and every resumed run of a job decides
+// alike. For the log, bf16_products_probe measures both once on such a CPU, on a 256 x 1024 x
+// 1024 product with the threads set at the time.
 struct bf16_probe_result {
   bool measured = false;  // false where no probe ran: no oneDNN, AMX-BF16, or no AVX512-BF16
   double bf16_gflops = 0.0;
   double fp32_gflops = 0.0;
 };
 
-// The automatic decision, a pure function of the CPU and the probe: AMX-BF16 yes; AVX512-BF16
-// when the probe measured bfloat16 products faster than float32 ones; otherwise no.
-inline bool bf16_products_automatic(const cpu_features& cpu, const bf16_probe_result& probe) {
-  if (cpu.amx_bf16) {
-    return true;
-  }
-  return cpu.avx512_bf16 && probe.measured && probe.bf16_gflops > probe.fp32_gflops;
+// The automatic decision, a pure function of the CPU: bfloat16 products with AMX-BF16 only.
+inline bool bf16_products_automatic(const cpu_features& cpu) {
+  return cpu.amx_bf16;
 }
 
 // The probe's result, measured on first use (defined below).
@@ -469,11 +467,8 @@ inline bool bf16_products(gemm_provider p) {
     case bf16_products_mode::automatic:
       break;
   }
-  static const bool faster = [] {
-    const cpu_features cpu = detect_cpu_features();
-    return bf16_products_automatic(cpu, cpu.amx_bf16 ? bf16_probe_result{} : bf16_products_probe());
-  }();
-  return faster;
+  static const bool amx = bf16_products_automatic(detect_cpu_features());
+  return amx;
 }
 
 namespace detail {
@@ -521,15 +516,16 @@ inline void eigen_gemm(gemm_options t, Eigen::Index m, Eigen::Index n, Eigen::In
 namespace detail {
 
 // oneDNN matmul primitives, one per problem (shapes, transposes, leading dimensions, data type,
-// alpha, beta, bias), created on first use and kept for the thread (a primitive runs on one
-// stream; streams are not shared between threads); at most max_entries, the oldest going first
-// (batch sizes that keep changing, as under batch::adaptive, must not grow it without bound).
+// alpha, beta, bias, OpenMP threads), created on first use and kept for the thread (a primitive
+// runs on one stream; streams are not shared between threads); at most max_entries, the least
+// recently used going first (batch sizes that keep changing, as under batch::adaptive, must not
+// grow it without bound).
 // Two uses: bfloat16 products (the operands rounded to bfloat16 into the thread's buffers,
 // densely, in the layout they are stored in; the strides tell oneDNN which is transposed), and
 // float32 products with the bias added in the same pass (gemm_bias). alpha is the primitive's
 // output scale, beta a sum post-op.
 struct onednn_matmul_cache {
-  static constexpr std::size_t max_entries = 32;
+  static constexpr std::size_t max_entries = 64;
   using key_type = std::array<std::int64_t, 10>;
   struct entry {
     key_type key{};
@@ -623,7 +619,13 @@ inline void onednn_matmul(bool bf16, gemm_options t, std::int64_t m, std::int64_
   std::memcpy(&beta_bits, &beta, sizeof beta);
   const std::int64_t flags = (t.transpose_a ? 1 : 0) + (t.transpose_b ? 2 : 0) + (bf16 ? 4 : 0) +
                              (bias != nullptr ? 8 : 0);
-  const cache::key_type key{m, n, k, flags, lda, ldb, ldc, alpha_bits, beta_bits, 0};
+  // A primitive keeps the thread count it was made with: the count in force is part of the key.
+  const cache::key_type key{
+      m,         n,
+      k,         flags,
+      lda,       ldb,
+      ldc,       alpha_bits,
+      beta_bits, static_cast<std::int64_t>(gemm_omp_threads().load(std::memory_order_relaxed))};
   const dnnl_data_type_t in_type = bf16 ? dnnl_bf16 : dnnl_f32;
   dnnl_memory_desc_t a_md;
   dnnl_memory_desc_t b_md;
@@ -643,9 +645,12 @@ inline void onednn_matmul(bool bf16, gemm_options t, std::int64_t m, std::int64_
   cache::check(dnnl_memory_desc_init_by_strides(&bias_md, 2, bias_dims, dnnl_f32, bias_strides),
                "bias");
   cache::entry* found = nullptr;
-  for (cache::entry& e : ctx.cache) {
-    if (e.key == key) {
-      found = &e;
+  for (std::size_t i = 0; i < ctx.cache.size(); ++i) {
+    if (ctx.cache[i].key == key) {
+      // The most recently used last, so that eviction takes the least recently used.
+      std::rotate(ctx.cache.begin() + static_cast<std::ptrdiff_t>(i),
+                  ctx.cache.begin() + static_cast<std::ptrdiff_t>(i) + 1, ctx.cache.end());
+      found = &ctx.cache.back();
       break;
     }
   }

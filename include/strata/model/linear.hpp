@@ -113,6 +113,9 @@ struct linear {
     assert(args.params.size() == parameter_elements() && "linear: params size mismatch");
     assert(args.grads.size() == parameter_elements() && "linear: grads size mismatch");
     if (args.batch == 0) {
+      if (args.write_grads) {  // requirement 8: every element written, here the zero sum
+        std::fill(args.grads.begin(), args.grads.end(), 0.0f);
+      }
       return;
     }
     const bool bf16 = args.storage == dtype::bfloat16;

@@ -111,7 +111,9 @@ class param_store {
   std::span<float> values() noexcept { return values_.span(); }
   std::span<const float> values() const noexcept { return values_.span(); }
   // The gradients. After discard_grads() and before a backward has written them, the first
-  // call zeroes them: they read as zero_grads() would have left them.
+  // call zeroes them: they read as zero_grads() would have left them. That first call writes,
+  // the const one too: two threads must not make it at once on a discarded store (a store is
+  // one rank's, read by its own thread).
   std::span<float> grads() noexcept {
     materialize_grads();
     return grads_.span();

@@ -80,9 +80,10 @@ inline std::vector<std::string> compute_log(const model::gemm_decision& d, std::
     std::snprintf(measured, sizeof measured, "%.1f GFLOP/s against float32's %.1f",
                   probe.bf16_gflops, probe.fp32_gflops);
     lines.push_back(std::string("precision: bfloat16 products on oneDNN measured ") + measured +
-                    " on this CPU (AVX512-BF16 without AMX-BF16), so the products run in float32 "
-                    "on values rounded to bfloat16; model::set_bf16_products(on) forces "
-                    "bfloat16 products; master weights and the optimizer in float32");
+                    " on this CPU (AVX512-BF16 without AMX-BF16: at best as fast), so the "
+                    "products run in float32 on values rounded to bfloat16; "
+                    "model::set_bf16_products(on) forces bfloat16 products; master weights and "
+                    "the optimizer in float32");
   } else if (bf16 || storage == "float16") {
     const bool units = bf16 ? (env.cpu.avx512_bf16 || env.cpu.amx_bf16)
                             : (env.cpu.avx512_fp16 || env.cpu.amx_fp16);

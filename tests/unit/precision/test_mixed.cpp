@@ -304,10 +304,9 @@ TEST_CASE("the log's first lines say how 16-bit products run on this CPU, and wh
   if (sm::bf16_products(d.provider)) {
     CHECK(bf16[0].starts_with("precision: bfloat16 products on oneDNN ("));
   } else if (d.provider == sm::gemm_provider::onednn && cpu.avx512_bf16 && !cpu.amx_bf16) {
-    // The units are there, and the probe found them slower than float32 products.
+    // The units are there without AMX: float32 products, with what the probe measured.
     CHECK(bf16[0].starts_with("precision: bfloat16 products on oneDNN measured "));
     CHECK(bf16[0].find("so the products run in float32") != std::string::npos);
-    CHECK(sm::bf16_products_probe().bf16_gflops <= sm::bf16_products_probe().fp32_gflops);
   } else {
     CHECK(bf16[0].starts_with("precision: bfloat16 is emulated"));
   }
