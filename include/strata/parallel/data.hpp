@@ -43,10 +43,12 @@
 #include "strata/comm/algorithms.hpp"
 #include "strata/comm/any_comm.hpp"
 #include "strata/comm/types.hpp"
+#include "strata/config/train_config.hpp"
 #include "strata/core/dtype.hpp"
 #include "strata/core/policy.hpp"
 #include "strata/core/round.hpp"
 #include "strata/model/param_store.hpp"
+#include "strata/parallel/concepts.hpp"
 #include "strata/parallel/parameter_server.hpp"
 
 namespace strata::parallel {
@@ -121,6 +123,16 @@ inline constexpr bool is_cast = false;
 template <class T>
 inline constexpr bool is_cast<cast<T>> = true;
 
+// What travels: T for cast<T>, else float32.
+template <class C>
+constexpr dtype wire_of() {
+  if constexpr (is_cast<C>) {
+    return dtype_of<typename C::wire_type>;
+  } else {
+    return dtype::float32;
+  }
+}
+
 }  // namespace compress
 
 namespace detail {
@@ -180,6 +192,21 @@ struct data {
   using sync_type = Sync;
   using compressor_type = Compressor;
   static constexpr std::string_view name = detail::data_policy_name<Sync, Compressor>();
+  static constexpr bool distributed = true;
+  // world_size = the communicator's; gradient_sync and gradient_compression as Sync and
+  // Compressor name them; the keys of the synchronisation and compressor in use, not the others'.
+  static void check_config(const config::train_config& cfg, int world, int rank) {
+    constexpr bool topk = std::is_same_v<Compressor, compress::topk>;
+    refuse_foreign_keys({.distributed = true,
+                         .topk = topk,
+                         .ps = std::is_same_v<Sync, parameter_server>,
+                         .hierarchical = std::is_same_v<Sync, hierarchical>,
+                         .bucketed = !topk,
+                         .wire = compress::wire_of<Compressor>(),
+                         .parallel = name,
+                         .sync = Sync::name},
+                        cfg, world, rank);
+  }
 };
 
 // parallel::zero1: data parallelism with the optimizer state sharded over the ranks (ZeRO stage
@@ -195,7 +222,17 @@ struct zero1 {
   using sync_type = all_reduce;
   using compressor_type = compress::none;
   static constexpr std::string_view name = "zero1";
+  static constexpr bool distributed = true;
+  // world_size = the communicator's, zero_stage = 1, gradient_sync = all_reduce without
+  // compression.
+  static void check_config(const config::train_config& cfg, int world, int rank) {
+    refuse_foreign_keys({.distributed = true, .sharded = true, .bucketed = true, .parallel = name},
+                        cfg, world, rank);
+  }
 };
+
+static_assert(check_parallel_policy<data<>>());
+static_assert(check_parallel_policy<zero1>());
 
 template <class P>
 inline constexpr bool is_data_parallel = false;

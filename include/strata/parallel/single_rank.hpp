@@ -6,13 +6,22 @@
 
 #include <string_view>
 
+#include "strata/config/train_config.hpp"
 #include "strata/core/policy.hpp"
+#include "strata/parallel/concepts.hpp"
 
 namespace strata::parallel {
 
 struct single_rank {
   using policy_category = parallel_policy_tag;
   static constexpr std::string_view name = "single_rank";
+  static constexpr bool distributed = false;
+  // world_size 1, and none of the data-parallel keys.
+  static void check_config(const config::train_config& cfg, int world, int rank) {
+    refuse_foreign_keys({.parallel = name}, cfg, world, rank);
+  }
 };
+
+static_assert(check_parallel_policy<single_rank>());
 
 }  // namespace strata::parallel

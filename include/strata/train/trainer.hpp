@@ -180,179 +180,18 @@ inline void check_continues(const loaded_checkpoint& checkpoint, const run_ident
   }
 }
 
-// The name of a parallel policy's gradient synchronisation ("all_reduce" for one rank).
-template <class ParallelPolicy>
-constexpr std::string_view sync_name() {
-  if constexpr (requires { ParallelPolicy::sync_type::name; }) {
-    return ParallelPolicy::sync_type::name;
-  } else {
-    return "all_reduce";
+// Throws config_error naming an optimizer key outside what the update rules take: the config
+// allows 1.0 for these, and the rules divide by (1 - value) or never decay. (The parallel
+// policy checks its own keys, parallel/concepts.hpp; the batch and precision policies theirs.)
+inline void refuse_optimizer_bounds(const config::train_config& cfg) {
+  if (cfg.optimizer == config::optimizer_kind::sgd && cfg.momentum >= 1.0) {
+    throw config_error({.key = "momentum"},
+                       "SGD momentum must be below 1, got " + std::to_string(cfg.momentum));
   }
-}
-
-// What refuse_unsupported needs to know of a trainer type's policies (one function for all).
-struct trainer_kind {
-  bool distributed = false;
-  bool topk = false;
-  bool ps = false;
-  bool hierarchical = false;
-  bool sharded = false;
-  bool bucketed = false;
-  dtype wire = dtype::float32;  // compress::cast<T>: T
-  std::string_view parallel{};
-  std::string_view sync{};  // the parallel policy's gradient synchronisation
-};
-
-// Throws config_error naming the key of a configuration this trainer type does not run: the
-// world size, the optimizer's bounds, and the parallel keys its parallel policy does not match
-// or does not hold (set, not ignored). The batch and precision policies check their own keys
-// (check_config, batch/concepts.hpp and precision/concepts.hpp).
-inline void refuse_unsupported(const trainer_kind& k, const config::train_config& cfg_, int world,
-                               int rank) {
-  auto refuse = [](std::string key, std::string text) {
-    throw config_error({.key = std::move(key), .file = {}, .line = 0, .column = 0},
-                       std::move(text));
-  };
-  if (k.distributed) {
-    if (cfg_.world_size != world) {
-      refuse("world_size", "rank " + std::to_string(rank) + ": the communicator has " +
-                               std::to_string(world) + " ranks, world_size is " +
-                               std::to_string(cfg_.world_size));
-    }
-  } else if (cfg_.world_size != 1) {
-    refuse("world_size", "this trainer runs one rank (parallel::single_rank); world_size is " +
-                             std::to_string(cfg_.world_size) +
-                             "; several ranks need strata::parallel::data and a communicator");
-  }
-  // The config allows 1.0 for these; the update rules divide by (1 - value) or never decay.
-  if (cfg_.optimizer == config::optimizer_kind::sgd && cfg_.momentum >= 1.0) {
-    refuse("momentum", "SGD momentum must be below 1, got " + std::to_string(cfg_.momentum));
-  }
-  if (cfg_.optimizer == config::optimizer_kind::adamw &&
-      (cfg_.adam_beta1 >= 1.0 || cfg_.adam_beta2 >= 1.0)) {
-    refuse(cfg_.adam_beta1 >= 1.0 ? "adam_beta1" : "adam_beta2", "AdamW betas must be below 1");
-  }
-  // Keys of policies this trainer does not run are refused when set, not ignored.
-  const config::train_config d{};
-  // Gradient synchronisation and compression must be the parallel policy's.
-  {
-    std::string sync = "all_reduce";
-    std::string compression = "none";
-    if (k.distributed) {
-      sync = std::string(k.sync);
-      if (k.topk) {
-        compression = "topk";
-      } else if (k.wire == dtype::float16) {
-        compression = "float16";
-      } else if (k.wire == dtype::bfloat16) {
-        compression = "bfloat16";
-      }
-    }
-    const auto& sync_names = config::enum_names<config::gradient_sync_kind>::names;
-    const auto& compression_names = config::enum_names<config::compression_kind>::names;
-    const std::string wanted_sync(sync_names[static_cast<std::size_t>(cfg_.gradient_sync)]);
-    const std::string wanted_compression(
-        compression_names[static_cast<std::size_t>(cfg_.gradient_compression)]);
-    if (wanted_sync != sync) {
-      refuse("gradient_sync", "gradient_sync = " + wanted_sync +
-                                  ", but the trainer's parallel "
-                                  "policy is " +
-                                  std::string(k.parallel) + " (give it parallel::data<parallel::" +
-                                  wanted_sync + "> to match, where that exists)");
-    }
-    if (wanted_compression != compression) {
-      refuse("gradient_compression",
-             "gradient_compression = " + wanted_compression +
-                 ", but the trainer's parallel policy is " + std::string(k.parallel) +
-                 (k.distributed ? "; give it parallel::data<parallel::all_reduce | hierarchical, "
-                                  "parallel::compress::cast<float16 | bfloat16>> or "
-                                  "parallel::data<parallel::all_gather | parameter_server, "
-                                  "parallel::compress::topk> to match"
-                                : "; compression needs several ranks (parallel::data)"));
-    }
-    if (!k.topk && cfg_.topk_ratio != d.topk_ratio) {
-      refuse("topk_ratio",
-             "topk_ratio configures parallel::compress::topk; the trainer's parallel policy "
-             "is " +
-                 std::string(k.parallel));
-    }
-    if (!k.ps && cfg_.parameter_servers != d.parameter_servers) {
-      refuse("parameter_servers",
-             "parameter_servers configures parallel::data<parallel::parameter_server>; the "
-             "trainer's parallel policy is " +
-                 std::string(k.parallel));
-    }
-    if (!k.ps && (cfg_.parameter_server_async ||
-                  cfg_.parameter_server_staleness != d.parameter_server_staleness)) {
-      refuse(cfg_.parameter_server_async ? "parameter_server_async" : "parameter_server_staleness",
-             "the asynchronous parameter server needs parallel::data<parallel::parameter_server>; "
-             "the trainer's parallel policy is " +
-                 std::string(k.parallel));
-    }
-    if (k.ps && cfg_.parameter_server_async) {
-      if (!cfg_.dedicated_parameter_servers) {
-        refuse("parameter_server_async",
-               "parameter_server_async needs dedicated_parameter_servers = true (a co-located "
-               "server would stop serving while its rank trains)");
-      }
-      if (k.topk) {
-        refuse("gradient_compression",
-               "the asynchronous parameter server runs dense gradients only in this version");
-      }
-    }
-    if (k.ps && !cfg_.parameter_server_async &&
-        cfg_.parameter_server_staleness != d.parameter_server_staleness) {
-      refuse("parameter_server_staleness",
-             "parameter_server_staleness configures parameter_server_async = true");
-    }
-    if (!k.ps && cfg_.dedicated_parameter_servers) {
-      refuse("dedicated_parameter_servers",
-             "dedicated_parameter_servers configures parallel::data<parallel::parameter_server>; "
-             "the trainer's parallel policy is " +
-                 std::string(k.parallel));
-    }
-    if (k.ps && cfg_.dedicated_parameter_servers &&
-        (cfg_.parameter_servers < 1 || cfg_.parameter_servers >= world)) {
-      refuse("parameter_servers",
-             "rank " + std::to_string(rank) +
-                 ": dedicated_parameter_servers needs 1 .. world_size - 1 servers (the other "
-                 "ranks train); parameter_servers = " +
-                 std::to_string(cfg_.parameter_servers) +
-                 ", world_size = " + std::to_string(world));
-    }
-    if (k.ps && cfg_.parameter_servers > world) {
-      refuse("parameter_servers", "rank " + std::to_string(rank) + ": parameter_servers = " +
-                                      std::to_string(cfg_.parameter_servers) +
-                                      " is more than the " + std::to_string(world) + " ranks");
-    }
-    if (!k.hierarchical && cfg_.hierarchy_group_size != d.hierarchy_group_size) {
-      refuse("hierarchy_group_size",
-             "hierarchy_group_size configures "
-             "parallel::data<parallel::hierarchical>; the trainer's "
-             "parallel policy is " +
-                 std::string(k.parallel));
-    }
-    if (!k.distributed && cfg_.bucket_size_mb != d.bucket_size_mb) {
-      refuse("bucket_size_mb",
-             "bucket_size_mb configures parallel::data; the trainer's "
-             "parallel policy is " +
-                 std::string(k.parallel));
-    }
-    if (k.sharded != (cfg_.zero_stage == 1)) {
-      refuse("zero_stage",
-             k.sharded ? std::string("the trainer's parallel policy is parallel::zero1, which "
-                                     "shards the optimizer state; set zero_stage = 1")
-                       : "zero_stage = " + std::to_string(cfg_.zero_stage) +
-                             " needs parallel::zero1; the trainer's parallel policy is " +
-                             std::string(k.parallel));
-    }
-    if (!k.bucketed && cfg_.bucket_launch != d.bucket_launch) {
-      refuse("bucket_launch",
-             "bucket_launch configures the gradient buckets of parallel::data<all_reduce>, "
-             "data<hierarchical>, data<parameter_server> and parallel::zero1; the trainer's "
-             "parallel policy is " +
-                 std::string(k.parallel) + ", which has none");
-    }
+  if (cfg.optimizer == config::optimizer_kind::adamw &&
+      (cfg.adam_beta1 >= 1.0 || cfg.adam_beta2 >= 1.0)) {
+    throw config_error({.key = cfg.adam_beta1 >= 1.0 ? "adam_beta1" : "adam_beta2"},
+                       "AdamW betas must be below 1");
   }
 }
 
@@ -368,6 +207,7 @@ class trainer {
   using parallel_policy = typename policies::template get<parallel_policy_tag>;
   static_assert(batch::check_batch_policy<batch_policy>());
   static_assert(precision::check_precision_policy<precision_policy>());
+  static_assert(parallel::check_parallel_policy<parallel_policy>());
   static constexpr dtype compute_dtype = precision_policy::compute_dtype;
   static_assert(std::is_same_v<parallel_policy, parallel::single_rank> ||
                     parallel::is_data_parallel<parallel_policy>,
@@ -378,7 +218,7 @@ class trainer {
  public:
   // Whether this trainer is one rank of a data-parallel job (its constructor takes a
   // communicator).
-  static constexpr bool distributed = parallel::is_data_parallel<parallel_policy>;
+  static constexpr bool distributed = parallel_policy::distributed;
   // parallel::zero1: the optimizer state is sharded over the ranks.
   static constexpr bool sharded = std::is_same_v<parallel_policy, parallel::zero1>;
   // parallel::data<hierarchical>: the gradients are averaged inside groups, then across them
@@ -399,16 +239,6 @@ class trainer {
   // Hierarchical and parameter-server buckets need non-blocking launches (blocking_buckets()
   // false); top-k selects over the whole gradient, after backward.
   static constexpr bool bucketed = distributed && !topk;
-  // The same, as values, for the checks that run alike for every trainer type.
-  static constexpr detail::trainer_kind kind{.distributed = distributed,
-                                             .topk = topk,
-                                             .ps = ps,
-                                             .hierarchical = hierarchical,
-                                             .sharded = sharded,
-                                             .bucketed = bucketed,
-                                             .wire = parallel::wire_dtype<parallel_policy>,
-                                             .parallel = parallel_policy::name,
-                                             .sync = detail::sync_name<parallel_policy>()};
 
  public:
   using model_type = Model;
@@ -1103,17 +933,14 @@ class trainer {
   static optim::any_optimizer checked_optimizer(const config::train_config& cfg_, int world,
                                                 int rank, bool independent_processes) {
     config::validate(cfg_);
-    refuse_unsupported(cfg_, world, rank);
+    parallel_policy::check_config(cfg_, world, rank);
+    detail::refuse_optimizer_bounds(cfg_);
     batch_policy::check_config(cfg_);
     precision_policy::check_config(cfg_);
     if (!independent_processes) {
       detail::refuse_launch_mismatch(distributed, cfg_, detect_launch());
     }
     return optim::make_optimizer(optimizer_choice(cfg_));
-  }
-
-  static void refuse_unsupported(const config::train_config& cfg, int world, int rank) {
-    detail::refuse_unsupported(kind, cfg, world, rank);
   }
 
   using workspace = typename Model::workspace_type;

@@ -9,20 +9,11 @@
 #include <vector>
 
 #include "strata/config/validate.hpp"
-#include "strata/model/layers.hpp"
-#include "strata/model/sequential.hpp"
 
 namespace {
 
 namespace sc = strata::config;
 namespace st = strata::train;
-
-auto small_model() {
-  namespace sm = strata::model;
-  return sm::sequential(strata::sample_shape{.channels = 1, .height = 1, .width = 8},
-                        sm::linear{.in = 8, .out = 4});
-}
-using model_t = decltype(small_model());
 
 // Whether validate() takes the configuration.
 bool accepted(const sc::train_config& cfg) {
@@ -34,21 +25,19 @@ bool accepted(const sc::train_config& cfg) {
   }
 }
 
-// The parallel policy with_data_policy names for cfg, after checking that the trainer of that
-// policy accepts cfg's parallel keys for 2 ranks.
+// The parallel policy with_data_policy names for cfg, after checking that the policy takes cfg's
+// keys for 2 ranks.
 template <st::data_parallel_menu Menu = st::data_parallel_menu::every_policy>
 std::string policy_for(const sc::train_config& cfg) {
   return st::with_data_policy<Menu>(cfg, [&]<class Policy>(std::type_identity<Policy>) {
-    using trainer_t =
-        st::trainer<model_t, strata::batch::accumulate, strata::precision::fp32, Policy>;
-    CHECK_NOTHROW(st::detail::refuse_unsupported(trainer_t::kind, cfg, 2, 0));
+    CHECK_NOTHROW(Policy::check_config(cfg, 2, 0));
     return std::string(Policy::name);
   });
 }
 
 }  // namespace
 
-TEST_CASE("every parallel configuration validate() takes names a policy whose trainer takes it") {
+TEST_CASE("every parallel configuration validate() takes names a policy that takes it") {
   using sc::compression_kind;
   using sc::gradient_sync_kind;
   struct expected {
@@ -144,4 +133,36 @@ TEST_CASE("mixed_precision_dtype names the precision policy") {
   CHECK(name_for(sc::precision_dtype::float16) == strata::precision::fp16::name);
   CHECK(name_for(sc::precision_dtype::bfloat16) == strata::precision::bf16::name);
   CHECK(strata::precision::fp16::name != strata::precision::bf16::name);
+}
+
+TEST_CASE("a parallel policy refuses the keys it does not run, by key") {
+  namespace sp = strata::parallel;
+  const auto refused_key = [](auto check) {
+    try {
+      check();
+    } catch (const strata::config_error& e) {
+      return e.key();
+    }
+    return std::string("(accepted)");
+  };
+  sc::train_config cfg;
+  CHECK(refused_key([&] { sp::single_rank::check_config(cfg, 1, 0); }) == "(accepted)");
+  cfg.world_size = 2;
+  CHECK(refused_key([&] { sp::single_rank::check_config(cfg, 1, 0); }) == "world_size");
+  CHECK(refused_key([&] { sp::data<>::check_config(cfg, 3, 1); }) == "world_size");
+  CHECK(refused_key([&] { sp::data<>::check_config(cfg, 2, 1); }) == "(accepted)");
+  cfg.zero_stage = 1;
+  CHECK(refused_key([&] { sp::data<>::check_config(cfg, 2, 0); }) == "zero_stage");
+  CHECK(refused_key([&] { sp::zero1::check_config(cfg, 2, 0); }) == "(accepted)");
+  cfg.zero_stage = 0;
+  CHECK(refused_key([&] { sp::zero1::check_config(cfg, 2, 0); }) == "zero_stage");
+  cfg.topk_ratio = 0.05;
+  CHECK(refused_key([&] { sp::data<>::check_config(cfg, 2, 0); }) == "topk_ratio");
+  cfg.gradient_sync = sc::gradient_sync_kind::parameter_server;
+  cfg.gradient_compression = sc::compression_kind::topk;
+  CHECK(refused_key([&] {
+          sp::data<sp::parameter_server, sp::compress::topk>::check_config(cfg, 2, 0);
+        }) == "(accepted)");
+  CHECK(refused_key([&] { sp::data<sp::parameter_server>::check_config(cfg, 2, 0); }) ==
+        "gradient_compression");
 }
