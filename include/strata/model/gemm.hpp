@@ -739,6 +739,17 @@ inline void onednn_bf16_gemm(gemm_options t, std::int64_t m, std::int64_t n, std
 }  // namespace detail
 #endif
 
+namespace detail {
+// Sizes must fit an int (the BLAS interfaces take int); larger ones throw std::length_error.
+inline void check_gemm_dims(std::size_t m, std::size_t n, std::size_t k, std::size_t lda,
+                            std::size_t ldb, std::size_t ldc) {
+  constexpr std::size_t int_max = 2147483647;
+  if (std::max({m, n, k, lda, ldb, ldc}) > int_max) {
+    throw std::length_error("gemm: a dimension above 2^31 - 1");
+  }
+}
+}  // namespace detail
+
 // C = alpha * op(A) * op(B) + beta * C on provider p (row-major; C is m x n with leading
 // dimension ldc, op(A) m x k, op(B) k x n). beta = 0 overwrites C without reading it. Sizes must
 // fit an int (the BLAS interfaces take int); larger ones throw std::length_error.
@@ -748,10 +759,7 @@ inline void gemm_on(gemm_provider p, gemm_options t, std::size_t m, std::size_t 
   if (m == 0 || n == 0) {
     return;
   }
-  constexpr std::size_t int_max = 2147483647;
-  if (std::max({m, n, k, lda, ldb, ldc}) > int_max) {
-    throw std::length_error("gemm: a dimension above 2^31 - 1");
-  }
+  detail::check_gemm_dims(m, n, k, lda, ldb, ldc);
   const auto i = [](std::size_t v) { return static_cast<int>(v); };
   if (k == 0) {  // an empty sum: C = beta * C, the same on every provider
     detail::gemm_map cm(c, i(m), i(n), Eigen::OuterStride<>(i(ldc)));
@@ -816,11 +824,8 @@ inline void gemm_bias_on(gemm_provider p, gemm_options t, std::size_t m, std::si
     return;
   }
 #if defined(STRATA_HAVE_ONEDNN)
-  constexpr std::size_t int_max = 2147483647;
   if (p == gemm_provider::onednn && k > 0 && !(t.bfloat16_inputs && bf16_products(p))) {
-    if (std::max({m, n, k, lda, ldb, ldc}) > int_max) {
-      throw std::length_error("gemm: a dimension above 2^31 - 1");
-    }
+    detail::check_gemm_dims(m, n, k, lda, ldb, ldc);
     const auto i = [](std::size_t v) { return static_cast<std::int64_t>(v); };
     detail::onednn_matmul(false, t, i(m), i(n), i(k), 1.0f, a, i(lda), b, i(ldb), bias, 0.0f, c,
                           i(ldc));

@@ -164,10 +164,8 @@ struct linear {
 
  private:
   using row_major = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-  using matrix = Eigen::Map<row_major>;
   using const_matrix = Eigen::Map<const row_major>;
   using row = Eigen::Map<Eigen::RowVectorXf>;
-  using const_row = Eigen::Map<const Eigen::RowVectorXf>;
 
   static Eigen::Index rows(std::size_t n) { return static_cast<Eigen::Index>(n); }
   static Eigen::Index cols(std::size_t n) { return static_cast<Eigen::Index>(n); }
