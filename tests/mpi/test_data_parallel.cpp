@@ -136,7 +136,7 @@ TEST_CASE("N processes with B/N samples each train like one process with B") {
   cfg.batch_size_per_gpu = 64 / world.size();
   const st::trainer<model_t, strata::parallel::data<>> t(
       small_model(), cfg, strata::comm::any_comm(world), {.print_progress = false});
-  CHECK(t.blocking_buckets());
+  CHECK(t.executor().blocking_buckets());
   check_against_one_process<strata::parallel::data<>>("parallel", [](auto&) {});
 }
 
@@ -331,7 +331,7 @@ void check_async_parameter_server(const std::string& name,
   if (rank < ranks / 2) {
     CHECK(s.test_accuracy > 0.7);
   } else {
-    CHECK(t.parameter_server_max_lead() <= 1);
+    CHECK(t.executor().max_lead() <= 1);
     CHECK(s.steps == 16);  // 2 epochs of 512 / 64
   }
 }

@@ -25,7 +25,8 @@ static_assert(sp::check_parallel_policy<sp::data<sp::parameter_server, sp::compr
 static_assert(sp::check_parallel_policy<sp::zero1>());
 static_assert(!sp::single_rank::distributed && sp::zero1::distributed && sp::data<>::distributed);
 
-// A user's policy with every requirement of this part of the contract.
+// A user's policy with every requirement: its executor is the one-rank behaviour, each rank
+// stepping alone.
 struct local_sgd {
   using policy_category = strata::parallel_policy_tag;
   static constexpr std::string_view name = "local_sgd";
@@ -33,8 +34,11 @@ struct local_sgd {
   static void check_config(const strata::config::train_config& cfg, int world, int rank) {
     sp::refuse_foreign_keys({.distributed = true, .parallel = name}, cfg, world, rank);
   }
+  using executor = sp::local_executor;
 };
 static_assert(sp::parallel_policy<local_sgd>);
+static_assert(sp::step_executor<sp::local_executor>);
+static_assert(sp::step_executor<sp::data_executor<sp::zero1>>);
 
 // Each requirement missing in turn.
 struct untagged {
@@ -61,6 +65,31 @@ static_assert(!sp::parallel_policy_tagged<untagged> && !sp::parallel_policy<unta
 static_assert(!sp::parallel_policy_named<unnamed> && !sp::parallel_policy<unnamed>);
 static_assert(!sp::parallel_policy_describes<undescribed> && !sp::parallel_policy<undescribed>);
 static_assert(!sp::parallel_policy_configured<unchecked> && !sp::parallel_policy<unchecked>);
+struct unexecuted {
+  using policy_category = strata::parallel_policy_tag;
+  static constexpr std::string_view name = "unexecuted";
+  static constexpr bool distributed = false;
+  static void check_config(const strata::config::train_config&, int, int) {}
+};
+static_assert(!sp::parallel_policy_executes<unexecuted> && !sp::parallel_policy<unexecuted>);
+
+// An executor that only constructs: each later requirement fails on its own.
+struct constructs_only {
+  explicit constructs_only(const sp::step_context&) {}
+};
+static_assert(sp::executor_constructible<constructs_only>);
+static_assert(!sp::executor_lays_out<constructs_only> && !sp::executor_has_roles<constructs_only> &&
+              !sp::executor_synchronizes<constructs_only> &&
+              !sp::executor_updates<constructs_only> &&
+              !sp::executor_checkpoints<constructs_only> && !sp::step_executor<constructs_only>);
+// One that derives from local_executor but updates with the wrong signature still meets the
+// rest: the base's update is hidden, so executor_updates fails alone.
+struct hides_update : sp::local_executor {
+  using local_executor::local_executor;
+  void update() {}
+};
+static_assert(sp::executor_synchronizes<hides_update> && !sp::executor_updates<hides_update> &&
+              !sp::step_executor<hides_update>);
 
 int main() {
   return 0;

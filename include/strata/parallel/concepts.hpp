@@ -1,11 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
-// The parallel_policy contract, first part: what a parallel policy is and the configuration it
-// runs. The step itself (which samples a rank reads, the parameter layout, the gradient
-// synchronisation, the update, the checkpoint blobs, the server role) is still the trainer's
-// for the shipped policies (train/trainer.hpp); it moves into executors the policies provide in
-// a later version, and until then the trainer runs only the shipped ones.
+// The parallel_policy contract: what a parallel policy is, the configuration it runs, and the
+// executor that does its part of each step (parallel/executor.hpp).
 //
 // A parallel policy P
 //   1. opts in with `using policy_category = strata::parallel_policy_tag;` and names itself
@@ -17,7 +14,11 @@
 //      int rank)` throws config_error naming the key of a configuration it does not run: a
 //      world_size other than the communicator's (1 without one), and the keys of other parallel
 //      policies when the configuration sets them (refuse_foreign_keys does both for the keys of
-//      the shipped policies; `rank` goes into the messages).
+//      the shipped policies; `rank` goes into the messages);
+//   4. names its step executor: `using executor = E;` where E meets executor.hpp's requirements
+//      (constructed from a step_context; shards; group, serves and serve; begin_fit,
+//      synchronize and any_rank_nonfinite; owned, update and skipped; state_blobs, restore and
+//      end_fit). Deriving E from parallel::local_executor gives the one-rank behaviour of each.
 //
 // check_parallel_policy<P>() names each requirement P misses in its own static_assert.
 
@@ -30,6 +31,7 @@
 #include "strata/core/dtype.hpp"
 #include "strata/core/error.hpp"
 #include "strata/core/policy.hpp"
+#include "strata/parallel/executor.hpp"
 
 namespace strata::parallel {
 
@@ -51,9 +53,16 @@ concept parallel_policy_configured = requires(const config::train_config& cfg, i
   P::check_config(cfg, n, n);
 };
 
+// 4.
+template <class P>
+concept parallel_policy_executes = requires {
+  typename P::executor;
+};
+
 template <class P>
 concept parallel_policy = parallel_policy_tagged<P> && parallel_policy_named<P> &&
-    parallel_policy_describes<P> && parallel_policy_configured<P>;
+    parallel_policy_describes<P> && parallel_policy_configured<P> && parallel_policy_executes<P> &&
+    step_executor<typename P::executor>;
 
 // One readable error per missing requirement, where the policy meets the trainer.
 template <class P>
@@ -67,6 +76,29 @@ constexpr bool check_parallel_policy() {
   static_assert(parallel_policy_configured<P>,
                 "ParallelPolicy: missing 'static void check_config(const config::train_config&, "
                 "int world, int rank)'");
+  static_assert(parallel_policy_executes<P>,
+                "ParallelPolicy: missing 'using executor = ...;' (its step executor, "
+                "parallel/executor.hpp; derive it from parallel::local_executor)");
+  if constexpr (parallel_policy_executes<P>) {
+    using E = typename P::executor;
+    static_assert(executor_constructible<E>,
+                  "ParallelPolicy executor: not constructible from a 'const "
+                  "parallel::step_context&'");
+    static_assert(executor_lays_out<E>,
+                  "ParallelPolicy executor: missing 'static int shards(const "
+                  "config::train_config&, int world)'");
+    static_assert(executor_has_roles<E>,
+                  "ParallelPolicy executor: missing group(), serves() or serve(std::uint64_t)");
+    static_assert(executor_synchronizes<E>,
+                  "ParallelPolicy executor: missing begin_fit(), synchronize(const sync_args&) "
+                  "returning sync_result, or any_rank_nonfinite(bool)");
+    static_assert(executor_updates<E>,
+                  "ParallelPolicy executor: missing owned() const, update(double lr) or "
+                  "skipped()");
+    static_assert(executor_checkpoints<E>,
+                  "ParallelPolicy executor: missing state_blobs(std::uint64_t), restore(const "
+                  "blob_reader&) or end_fit(std::uint64_t)");
+  }
   return parallel_policy<P>;
 }
 

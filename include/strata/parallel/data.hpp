@@ -161,6 +161,9 @@ constexpr std::string_view data_policy_name() {
 }
 }  // namespace detail
 
+template <class Policy>
+class data_executor;  // data_executor.hpp, included at the end of this file
+
 template <class Sync = all_reduce, class Compressor = compress::none>
 struct data {
   static_assert(std::is_same_v<Sync, all_reduce> || std::is_same_v<Sync, hierarchical> ||
@@ -193,6 +196,7 @@ struct data {
   using compressor_type = Compressor;
   static constexpr std::string_view name = detail::data_policy_name<Sync, Compressor>();
   static constexpr bool distributed = true;
+  using executor = data_executor<data>;
   // world_size = the communicator's; gradient_sync and gradient_compression as Sync and
   // Compressor name them; the keys of the synchronisation and compressor in use, not the others'.
   static void check_config(const config::train_config& cfg, int world, int rank) {
@@ -223,6 +227,7 @@ struct zero1 {
   using compressor_type = compress::none;
   static constexpr std::string_view name = "zero1";
   static constexpr bool distributed = true;
+  using executor = data_executor<zero1>;
   // world_size = the communicator's, zero_stage = 1, gradient_sync = all_reduce without
   // compression.
   static void check_config(const config::train_config& cfg, int world, int rank) {
@@ -230,9 +235,6 @@ struct zero1 {
                         cfg, world, rank);
   }
 };
-
-static_assert(check_parallel_policy<data<>>());
-static_assert(check_parallel_policy<zero1>());
 
 template <class P>
 inline constexpr bool is_data_parallel = false;
@@ -757,3 +759,6 @@ class bucket_reducer {
 };
 
 }  // namespace strata::parallel
+
+// The shipped policies' executor, which needs the definitions above.
+#include "strata/parallel/data_executor.hpp"

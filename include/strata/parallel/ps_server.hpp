@@ -35,6 +35,7 @@
 #include "strata/core/memory.hpp"
 #include "strata/model/param_store.hpp"
 #include "strata/optim/any_optimizer.hpp"
+#include "strata/parallel/executor.hpp"
 #include "strata/parallel/parameter_server.hpp"
 #include "strata/parallel/topk.hpp"
 
@@ -46,31 +47,6 @@ enum class server_command : std::int64_t { step = 1, save = 2, finish = 3, skip 
 // The tags of the optimizer-state gather of a checkpoint and of the commands.
 inline constexpr int server_state_tag = ps_exchange::tag_base + 8;
 inline constexpr int server_command_tag = ps_exchange::tag_base + 9;
-
-// One optimizer update per parameter tensor at rate lr, on the piece of each tensor inside the
-// shard [first, first + size) of the flat parameters, with the shard's optimizer state (laid
-// out by offset within the shard).
-inline void update_shard(optim::any_optimizer& optimizer, model::param_store& params,
-                         std::span<float> state, std::size_t first, std::size_t size, double lr) {
-  optimizer.begin_step();
-  const std::size_t per = optimizer.state_per_parameter();
-  const std::span<float> values = params.values();
-  const std::span<const float> grads = std::as_const(params).grads();
-  const std::size_t last = first + size;
-  for (const model::param_entry& e : params.entries()) {
-    const std::size_t lo = std::max(e.offset, first);
-    const std::size_t hi = std::min(e.offset + e.spec.elements(), last);
-    if (lo >= hi) {
-      continue;
-    }
-    const std::size_t n = hi - lo;
-    optimizer.update({.params = values.subspan(lo, n),
-                      .grads = grads.subspan(lo, n),
-                      .state = state.subspan((lo - first) * per, n * per),
-                      .lr = lr,
-                      .weight_decay = e.spec.weight_decay});
-  }
-}
 
 // A worker's command to every server: the command, the worker's step, the learning rate and
 // the loss scale of the push that follows.

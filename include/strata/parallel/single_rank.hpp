@@ -16,6 +16,7 @@ struct single_rank {
   using policy_category = parallel_policy_tag;
   static constexpr std::string_view name = "single_rank";
   static constexpr bool distributed = false;
+  using executor = local_executor;  // the whole parameters and optimizer state, no communication
   // world_size 1, and none of the data-parallel keys.
   static void check_config(const config::train_config& cfg, int world, int rank) {
     refuse_foreign_keys({.parallel = name}, cfg, world, rank);

@@ -21,20 +21,25 @@
 //              parameters, float32 master weights; or the user's own. The policy holds the
 //              parameters forward sees, stores the gradients, and decides each step by a vote
 //              of the ranks.
-//   parallel   parallel::single_rank (default); parallel::data<Sync, Compressor>: all_reduce or
-//              hierarchical (optionally compress::cast<float16 | bfloat16>), all_gather with
-//              compress::topk, parameter_server (optionally compress::topk); parallel::zero1
-//              (the optimizer state sharded over the ranks). A data-parallel trainer takes this
-//              rank's communicator (comm::any_comm) at construction, which is collective.
+//   parallel   any parallel_policy (parallel/concepts.hpp): parallel::single_rank (default);
+//              parallel::data<Sync, Compressor>: all_reduce or hierarchical (optionally
+//              compress::cast<float16 | bfloat16>), all_gather with compress::topk,
+//              parameter_server (optionally compress::topk); parallel::zero1 (the optimizer state
+//              sharded over the ranks); or the user's own. Its executor (parallel/executor.hpp)
+//              does the policy's part of each step: the gradients' synchronisation, the update,
+//              the skip vote, the optimizer state in checkpoints, a server role. A distributed
+//              trainer takes this rank's communicator (comm::any_comm) at construction, which is
+//              collective.
 // The configuration must name the same policies, and a key of a policy not chosen is refused:
 // config_error, naming the key.
 //
 // One step: zero the gradients; for each micro-batch, take the loader's next batch (data time),
 // forward in training mode, softmax cross-entropy with its gradient scaled by 1 / (samples of
-// the step), backward (compute time); with several ranks, average the gradients, bucket by
-// bucket during the last backward where the policy allows (comm time); with mixed precision,
-// unscale and check them, and skip the step on every rank when they are not finite; then one
-// optimizer update per parameter tensor at the schedule's rate. Evaluation after every epoch.
+// the step), backward (compute time); the executor's synchronize (data parallel: the gradients
+// averaged, bucket by bucket during the last backward where the policy allows; comm time); the
+// precision policy unscales and checks them, and the step is skipped on every rank that votes
+// when they are not finite; else the executor's update (one optimizer update per parameter
+// tensor at the schedule's rate). Evaluation after every epoch.
 // Checkpoints (train/checkpoint.hpp) every checkpoint_interval epochs, after the last epoch and
 // when max_steps stops a run, into the run's own directory checkpoint_dir/<run name>
 // (train/run.hpp); unless resume = false, fit() continues that run's newest valid one as
@@ -65,7 +70,6 @@
 #include "strata/batch/accumulate.hpp"
 #include "strata/batch/adaptive.hpp"
 #include "strata/batch/fixed.hpp"
-#include "strata/comm/algorithms.hpp"
 #include "strata/comm/any_comm.hpp"
 #include "strata/config/train_config.hpp"
 #include "strata/config/validate.hpp"
@@ -84,10 +88,8 @@
 #include "strata/optim/any_optimizer.hpp"
 #include "strata/optim/lr_schedule.hpp"
 #include "strata/parallel/data.hpp"
-#include "strata/parallel/parameter_server.hpp"
-#include "strata/parallel/ps_server.hpp"
+#include "strata/parallel/executor.hpp"
 #include "strata/parallel/single_rank.hpp"
-#include "strata/parallel/topk.hpp"
 #include "strata/precision/fp32.hpp"
 #include "strata/precision/loss_scaler.hpp"
 #include "strata/precision/mixed.hpp"
@@ -209,36 +211,14 @@ class trainer {
   static_assert(precision::check_precision_policy<precision_policy>());
   static_assert(parallel::check_parallel_policy<parallel_policy>());
   static constexpr dtype compute_dtype = precision_policy::compute_dtype;
-  static_assert(std::is_same_v<parallel_policy, parallel::single_rank> ||
-                    parallel::is_data_parallel<parallel_policy>,
-                "trainer: this version runs the parallel policies 'parallel::single_rank' and "
-                "'parallel::data<all_reduce>' only");
+  // The parallel policy's part of each step (parallel/executor.hpp).
+  using executor_type = typename parallel_policy::executor;
   struct construct_tag {};
 
  public:
   // Whether this trainer is one rank of a data-parallel job (its constructor takes a
   // communicator).
   static constexpr bool distributed = parallel_policy::distributed;
-  // parallel::zero1: the optimizer state is sharded over the ranks.
-  static constexpr bool sharded = std::is_same_v<parallel_policy, parallel::zero1>;
-  // parallel::data<hierarchical>: the gradients are averaged inside groups, then across them
-  // (per bucket, overlapped with backward, when the groups have equal size).
-  static constexpr bool hierarchical = parallel::is_hierarchical<parallel_policy>;
-  // parallel::data<parameter_server>: gradients pushed to the servers, parameters pulled back.
-  static constexpr bool ps = parallel::is_parameter_server<parallel_policy>;
-  // compress::topk: top-k with error feedback (by all-gather or through the servers).
-  static constexpr bool topk = parallel::is_topk<parallel_policy>;
-  // The optimizer state is sharded: zero1 over every rank, parameter_server over its servers.
-  static constexpr bool state_sharded = sharded || ps;
-  // parallel::data<all_reduce, ...>: buckets all-reduced as backward completes them;
-  // parallel::zero1: buckets reduced to the ranks that own their shards, likewise;
-  // parallel::data<hierarchical>: buckets taken through the hierarchical stages, likewise (with
-  // groups of equal size; else the whole gradient once backward is done);
-  // parallel::data<parameter_server>: buckets pushed to the co-located servers, likewise
-  // (dedicated servers: the whole gradient once backward is done).
-  // Hierarchical and parameter-server buckets need non-blocking launches (blocking_buckets()
-  // false); top-k selects over the whole gradient, after backward.
-  static constexpr bool bucketed = distributed && !topk;
 
  public:
   using model_type = Model;
@@ -261,7 +241,7 @@ class trainer {
         cfg_(std::move(cfg)),
         options_(options),
         comm_(comm),
-        params_(make_store(model_, state_shards(cfg_, comm ? comm->size() : 1))),
+        params_(make_store(model_, executor_type::shards(cfg_, comm ? comm->size() : 1))),
         optimizer_(checked_optimizer(cfg_, comm ? comm->size() : 1, comm ? comm->rank() : 0,
                                      options.independent_processes)),
         batch_(cfg_),
@@ -286,47 +266,41 @@ class trainer {
       model::set_blas_threads(
           model::automatic_blas_threads(comm_ ? comm_->ranks_sharing_cpus() : 1));
     }
-    if constexpr (ps) {
-      dedicated_ = cfg_.dedicated_parameter_servers;
-      async_ = dedicated_ && cfg_.parameter_server_async;
-      dedicated_server_ =
-          dedicated_ && comm_->rank() >= comm_->size() - state_shards(cfg_, comm_->size());
-    }
-    state_ = buffer<float>(shard_size() * optimizer_.state_per_parameter(),
-                           {.alignment = 64, .zero_fill = true});
-    precision_.prepare([&] { return make_store(model_, state_shards(cfg_, world_size())); });
-    if constexpr (distributed) {
+    precision_.prepare(
+        [&] { return make_store(model_, executor_type::shards(cfg_, comm_ ? comm_->size() : 1)); });
+    if (comm_) {
       // Every rank runs the same settings and model before anything moves or is written.
       check_ranks_agree(*comm_, run_);
       comm_->broadcast(params_.values().data(), params_.size(), dtype::float32, 0);
     }
-    if constexpr (ps) {
-      const int servers = state_shards(cfg_, world_size());
-      if (dedicated_) {
-        // The servers are the last ranks; the workers' own collectives (metrics, checkpoints,
-        // the sampler's shards) run over the workers only, the exchange over every rank.
-        const int workers = world_size() - servers;
-        world_ = *comm_;
-        comm_ = world_->split(dedicated_server_ ? 1 : 0, world_->rank());
-        ps_.emplace(*world_, params_.size(), servers, workers);
-      } else {
-        ps_.emplace(*comm_, params_.size(), servers);
-      }
-    }
-    if constexpr (topk) {
-      // k counts the parameters, not the padding of a store cut into equal shards.
-      std::size_t used = 0;
-      for (const model::param_entry& e : params_.entries()) {
-        used = std::max(used, e.offset + e.spec.elements());
-      }
-      topk_.emplace(params_.size(), cfg_.topk_ratio, used);
-    }
+    exec_.emplace(parallel::step_context{
+        .comm = comm_ ? &*comm_ : nullptr,
+        .master = params_,
+        .compute = compute_params(),
+        .optimizer = optimizer_,
+        .cfg = cfg_,
+        .precision = {.round = [this](std::span<float> g) { precision_.store(g); },
+                      .finite = [this](std::span<const float> g) { return precision_.finite(g); },
+                      .to_master = [this](std::span<float> g,
+                                          double scale) { return precision_.to_master(g, scale); },
+                      .skips_steps = precision_policy::skips_steps,
+                      .compute = compute_dtype}});
   }
 
  public:
-  // This rank and the number of ranks (0 and 1 on one rank).
-  int rank() const noexcept { return comm_ ? comm_->rank() : 0; }
-  int world_size() const noexcept { return comm_ ? comm_->size() : 1; }
+  // This rank and the number of ranks that train together (0 and 1 on one rank; beside dedicated
+  // parameter servers, the workers' or the servers' group).
+  int rank() const noexcept { return group() != nullptr ? group()->rank() : 0; }
+  int world_size() const noexcept { return group() != nullptr ? group()->size() : 1; }
+
+  // The parallel policy's executor: its state and its own queries (data_executor:
+  // blocking_buckets(), max_lead(), topk_residual()).
+  executor_type& executor() noexcept { return *exec_; }
+  const executor_type& executor() const noexcept { return *exec_; }
+
+  // The executor holds references into the trainer.
+  trainer(const trainer&) = delete;
+  trainer& operator=(const trainer&) = delete;
 
   const Model& model() const noexcept { return model_; }
   const config::train_config& config() const noexcept { return cfg_; }
@@ -343,24 +317,8 @@ class trainer {
     if (cfg_.memory_budget_mb > 0) {
       return static_cast<std::size_t>(cfg_.memory_budget_mb) << 20;
     }
-    const auto& all = world_ ? world_ : comm_;  // with dedicated servers, comm_ spans a role
-    const int sharing = all ? std::max(1, all->ranks_sharing_memory()) : 1;
+    const int sharing = comm_ ? std::max(1, comm_->ranks_sharing_memory()) : 1;
     return batch::default_memory_budget() / static_cast<std::size_t>(sharing);
-  }
-
-  // Whether the gradient buckets are reduced by blocking calls inside backward: bucket_launch,
-  // with auto resolved for the backend (comm::nonblocking_progresses). False without buckets.
-  // parallel::data<hierarchical> uses buckets only when this is false (and its groups have
-  // equal size), parallel::data<parameter_server> only when this is false (and its servers are
-  // co-located); else they reduce the whole gradient after backward.
-  bool blocking_buckets() const noexcept {
-    if constexpr (bucketed) {
-      return cfg_.bucket_launch == config::bucket_launch_kind::blocking ||
-             (cfg_.bucket_launch == config::bucket_launch_kind::automatic &&
-              !comm_->progresses_nonblocking());
-    } else {
-      return false;
-    }
   }
 
   void on_step(std::function<void(const step_metrics&)> f) {
@@ -381,15 +339,6 @@ class trainer {
   double loss_scale() const noexcept { return precision_.loss_scale(); }
   std::uint64_t skipped_steps() const noexcept { return skipped_steps_; }
 
-  // An asynchronous parameter server: the most steps a worker was let lead the slowest by (at
-  // most parameter_server_staleness); 0 elsewhere.
-  std::uint64_t parameter_server_max_lead() const noexcept { return max_lead_; }
-
-  // compress::topk: this rank's error-feedback residual (unscaled; what was not sent yet).
-  std::span<const float> topk_residual() const noexcept requires topk {
-    return std::as_const(*topk_).residual();
-  }
-
   // Trains for config().epochs epochs in all (continuing a checkpointed run when resume is on),
   // evaluating on `test` after every epoch.
   template <class TrainSet, class Augment, class TestSet, class TestTransform>
@@ -397,10 +346,8 @@ class trainer {
                   const TestTransform& test_transform) {
     static_assert(data::check_dataset<TrainSet>() && data::check_dataset<TestSet>());
     static_assert(data::check_transform<Augment>() && data::check_transform<TestTransform>());
-    if constexpr (ps) {
-      if (dedicated_server_) {
-        return serve();
-      }
+    if (exec_->serves()) {
+      return serve();
     }
     const auto fit_begin = clock::now();
     const data::subset<TrainSet> train_view(train,
@@ -483,46 +430,8 @@ class trainer {
 
     const std::size_t classes = model_.output_shape().elements();
     buffer<float> grad_logits(micro_batch * classes);
-    std::optional<comm::hierarchy<comm::any_comm>> groups;
-    if constexpr (hierarchical) {
-      // Collective: local groups of hierarchy_group_size consecutive ranks, and the ranks of
-      // equal position across them.
-      const int g = cfg_.hierarchy_group_size > 0 ? static_cast<int>(cfg_.hierarchy_group_size)
-                                                  : comm::default_group_size(comm_->size());
-      groups.emplace(comm::make_hierarchy(*comm_, g));
-    }
-    // The hierarchical stages run per bucket, non-blocking, over groups of equal size; blocking
-    // launches (bucket_launch = blocking, or auto over MPI) and unequal groups take the whole
-    // gradient through hierarchical_all_reduce (rings over point-to-point) after backward. The
-    // parameter-server push goes per bucket to co-located servers with non-blocking launches;
-    // else whole, after backward.
-    bool in_buckets = bucketed;
-    if constexpr (hierarchical) {
-      in_buckets = groups->uniform() && !blocking_buckets();
-    } else if constexpr (ps) {
-      in_buckets = bucketed && !dedicated_ && !blocking_buckets();  // top-k: after backward
-    }
-    // The gradients in the 16-bit wire type of compress::cast<T> (empty without one), for the
-    // hierarchical all-reduce of the whole gradient.
-    constexpr dtype wire = parallel::wire_dtype<parallel_policy>;
-    buffer<std::uint16_t> hierarchy_wire(hierarchical && !in_buckets && wire != dtype::float32
-                                             ? compute_params().grads().size()
-                                             : 0);
-    parallel::bucket_reducer reducer;
-    if (in_buckets) {
-      std::vector<parallel::grad_bucket> buckets = parallel::make_buckets(
-          compute_params(), static_cast<std::size_t>(cfg_.bucket_size_mb) << 20);
-      if constexpr (hierarchical) {
-        reducer = parallel::bucket_reducer(*groups, std::move(buckets), compute_dtype, wire,
-                                           /*blocking=*/false);
-      } else if constexpr (ps) {
-        reducer = parallel::bucket_reducer(*comm_, *ps_, std::move(buckets), compute_dtype);
-      } else {
-        reducer = parallel::bucket_reducer(*comm_, std::move(buckets), compute_dtype, wire,
-                                           sharded ? shard_size() : 0, blocking_buckets());
-      }
-    }
-    step_runner runner(*this, grad_logits, classes, in_buckets ? &reducer : nullptr, bar);
+    parallel::bucket_reducer* const reducer = exec_->begin_fit();
+    step_runner runner(*this, grad_logits, classes, reducer, bar);
     batch_.begin(runner);
     double train_seconds = 0.0;
     std::size_t train_samples = 0;
@@ -579,112 +488,22 @@ class trainer {
           loss.correct += part.correct;
           compute += seconds_since(compute_begin);
         }
-        double comm_seconds = 0.0;
-        std::size_t global_samples = step_samples;
-        if constexpr (distributed) {
-          const auto comm_begin = clock::now();
-          double blocked_in_backward = 0.0;
-          // The buckets: those backward has not started yet start now; wait for all.
-          const auto finish_buckets = [&] {
-            if (!runner.overlapped()) {
-              // No backward started the buckets (the batch policy ran none with last = true,
-              // as batch::adaptive, whose re-runs after an allocation failure must not find
-              // them sent): they all go out now.
-              reducer.begin(compute_params().grads());
-            }
-            // Buckets reduced by blocking calls inside backward: their time is communication,
-            // not compute (those that finish() starts fall in this window anyway).
-            blocked_in_backward = reducer.blocked_seconds();
-            compute -= blocked_in_backward;
-            reducer.finish();
-          };
-          if (in_buckets) {
-            finish_buckets();
-          } else if constexpr (hierarchical) {
-            const std::span<float> grads = compute_params().grads();
-            if constexpr (wire == dtype::float32) {
-              comm::hierarchical_all_reduce(*groups, grads, comm::reduce_op::avg);
-            } else {
-              // compress::cast<T>: the average travels as T (every hop adds in float and
-              // rounds to T), and comes back into float32.
-              std::uint16_t* w = hierarchy_wire.data();
-              convert_floats(grads.data(), w, grads.size(), wire);
-              comm::hierarchical_all_reduce(*groups, w, w, grads.size(), wire, comm::reduce_op::avg,
-                                            {.narrow_floats = comm::narrow_float_mode::in_type});
-              convert_floats(w, grads.data(), grads.size(), wire);
-            }
-          } else if constexpr (ps || topk) {
-            // Parameter server: each server's shard of the gradients becomes the average.
-            // All-gather of top-k: every rank's gradients become the average.
-            const std::span<float> grads = compute_params().grads();
-            precision_.store(grads);
-            if constexpr (topk && precision_policy::skips_steps) {
-              // A skipped step must not consume the residual: kept to put back.
-              const std::span<const float> r = std::as_const(*topk_).residual();
-              residual_backup_.assign(r.begin(), r.end());
-            }
-            bool send = true;
-            if constexpr (ps) {
-              if (dedicated_) {
-                // Dedicated servers see only the average: the workers decide first whether the
-                // step applies, and tell the servers what to do.
-                bool finite = true;
-                if constexpr (precision_policy::skips_steps) {
-                  finite = precision_.finite(grads);
-                  if (!async_) {
-                    finite = !precision::any_rank_overflowed(*comm_, !finite);
-                  }
-                }
-                pending_finite_ = finite;
-                send = finite;
-                if (async_) {
-                  // Asynchronous: every worker announces its own step, a push or (its own
-                  // gradients not finite) a skip; either way the servers count the step and
-                  // reply with the parameters.
-                  parallel::send_to_servers(
-                      *world_, *ps_,
-                      finite ? parallel::server_command::step : parallel::server_command::skip,
-                      step_, lr, scale);
-                } else if (send && rank() == 0) {
-                  parallel::send_to_servers(*world_, *ps_, parallel::server_command::step, step_,
-                                            lr, scale);
-                }
-              }
-            }
-            if (send) {
-              if constexpr (topk) {
-                if constexpr (ps) {
-                  ps_->push_topk(*topk_, grads, static_cast<float>(scale));
-                } else {
-                  parallel::topk_all_gather(*comm_, *topk_, grads, static_cast<float>(scale),
-                                            topk_mine_, topk_all_);
-                }
-              } else {
-                ps_->push(grads);
-              }
-            }
-          }
-          precision_.store(compute_params().grads());  // the average, stored in T
-          // The step's loss, accuracy and samples over every rank.
-          // (Asynchronous parameter server: this worker's own, the workers do not wait for
-          // each other.)
-          if (!async_) {
-            double totals[3] = {loss.loss_sum, static_cast<double>(loss.correct),
-                                static_cast<double>(step_samples)};
-            comm_->all_reduce(totals, totals, 3, dtype::float64, comm::reduce_op::sum);
-            loss.loss_sum = totals[0];
-            loss.correct = static_cast<std::size_t>(totals[1]);
-            global_samples = static_cast<std::size_t>(totals[2]);
-          }
-          comm_seconds = seconds_since(comm_begin) + blocked_in_backward;
-        }
+        // The parallel policy's part: gradients made the ones to apply, totals over the ranks.
+        const parallel::sync_result synced =
+            exec_->synchronize({.step = step_,
+                                .lr = lr,
+                                .loss_scale = scale,
+                                .mine = {.loss_sum = loss.loss_sum,
+                                         .correct = static_cast<double>(loss.correct),
+                                         .samples = static_cast<double>(step_samples)},
+                                .overlapped = runner.overlapped()});
+        compute -= synced.blocked_in_backward;
+        const double comm_seconds = synced.comm_seconds;
+        loss.loss_sum = synced.all.loss_sum;
+        loss.correct = static_cast<std::size_t>(synced.all.correct);
+        const auto global_samples = static_cast<std::size_t>(synced.all.samples);
         const auto update_begin = clock::now();
         const bool applied = finish_step(lr);
-        if constexpr (topk && precision_policy::skips_steps) {
-          if (!applied) {
-            std::copy(residual_backup_.begin(), residual_backup_.end(), topk_->residual().begin());
-          }
-        }
         compute += seconds_since(update_begin);
         const auto samples = static_cast<double>(global_samples);
         step_metrics sm{.epoch = epoch,
@@ -785,11 +604,7 @@ class trainer {
         train_seconds > 0.0 ? static_cast<double>(train_samples) / train_seconds : 0.0;
     summary.wall_seconds = seconds_since(fit_begin);
     summary.params_xxh3 = xxh3_hex(params_.values());
-    if constexpr (ps) {
-      if (dedicated_ && (async_ || rank() == 0)) {
-        parallel::send_to_servers(*world_, *ps_, parallel::server_command::finish, step_, 0.0, 1.0);
-      }
-    }
+    exec_->end_fit(step_);
     return summary;
   }
 
@@ -1009,12 +824,13 @@ class trainer {
     }
     // The minimum over the ranks that step together (one all_reduce of an int64).
     std::size_t agree_min(std::size_t value) {
-      if (!t_.comm_) {
+      comm::any_comm* const g = t_.group();
+      if (g == nullptr) {
         return value;
       }
       const auto mine = static_cast<std::int64_t>(value);
       std::int64_t agreed = 0;
-      t_.comm_->all_reduce(&mine, &agreed, 1, dtype::int64, comm::reduce_op::min);
+      g->all_reduce(&mine, &agreed, 1, dtype::int64, comm::reduce_op::min);
       return static_cast<std::size_t>(agreed);
     }
     void message(std::string line) { bar_.message(line); }
@@ -1102,102 +918,47 @@ class trainer {
       f(step_, compute_params().grads());
     }
     // With sharded state only this rank's shard of the gradients is reduced and used. The
-    // precision policy decides; every rank that holds parameters votes alike (dedicated
-    // parameter servers: the workers decided before the push; asynchronous workers alone).
+    // precision policy decides; every rank that holds parameters votes alike (the executor's
+    // vote).
+    const auto [first, size] = exec_->owned();
     const std::span<const float> from =
-        std::as_const(compute_params()).grads().subspan(shard_begin(), shard_size());
-    const std::span<float> to = params_.grads().subspan(shard_begin(), shard_size());
+        std::as_const(compute_params()).grads().subspan(first, size);
+    const std::span<float> to = params_.grads().subspan(first, size);
     const bool apply = precision_.finish(step_, from, to, [this](bool local_nonfinite) {
-      if (dedicated_) {
-        return !pending_finite_;
-      }
-      if (comm_) {
-        return precision::any_rank_overflowed(*comm_, local_nonfinite);
-      }
-      return local_nonfinite;
+      return exec_->any_rank_nonfinite(local_nonfinite);
     });
     if (!apply) {
       ++skipped_steps_;
-      if (async_) {
-        ps_->pull(params_.values());  // the servers answered the skip with the parameters
-      }
+      exec_->skipped();
       return false;
     }
-    apply_update(lr);
+    exec_->update(lr);
     return true;
   }
 
-  // One optimizer update per parameter tensor at rate lr. Sharded: per piece of a tensor inside
-  // this rank's shard, with the shard's state (laid out by offset within the shard), then an
-  // all-gather of every rank's updated shard.
-  void apply_update(double lr) {
-    parallel::update_shard(optimizer_, params_, state_.span(), shard_begin(), shard_size(), lr);
-    const std::span<float> values = params_.values();
-    if constexpr (sharded) {
-      comm_->all_gather(values.data() + shard_begin(), values.data(), shard_size(), dtype::float32);
-    } else if constexpr (ps) {
-      ps_->pull(values);
-    }
-  }
+  // The ranks that train together (null on one rank).
+  comm::any_comm* group() const noexcept { return exec_ ? exec_->group() : nullptr; }
 
-  // How many shards the optimizer state is cut into: every rank's (zero1), the servers'
-  // (parameter_server; parameter_servers = 0 means every rank), else 1.
-  static int state_shards(const config::train_config& c, int world) {
-    if constexpr (sharded) {
-      return world;
-    } else if constexpr (ps) {
-      if (c.dedicated_parameter_servers) {
-        return static_cast<int>(std::clamp<std::int64_t>(c.parameter_servers, 1, world));
-      }
-      return c.parameter_servers > 0
-                 ? static_cast<int>(std::min<std::int64_t>(c.parameter_servers, world))
-                 : world;
-    } else {
-      (void)c;
-      (void)world;
-      return 1;
-    }
-  }
-
-  // The parameter store, padded to equal shards when the optimizer state is sharded.
+  // The parameter store, padded to `shards` equal shards when the executor shards the optimizer
+  // state.
   static model::param_store make_store(const Model& m, int shards) {
-    if constexpr (state_sharded) {
-      static_assert(
-          requires { m.make_params(model::param_store_config{}); },
-          "parallel::zero1 and parallel::data<parameter_server>: the model's make_params must "
-          "take a param_store_config (sequential's does), to pad the parameters to equal shards");
+    if (shards <= 1) {
+      return m.make_params();
+    }
+    if constexpr (requires { m.make_params(model::param_store_config{}); }) {
       return m.make_params(
           model::param_store_config{.size_multiple = static_cast<std::size_t>(shards) * 16});
     } else {
-      (void)shards;
-      return m.make_params();
+      throw std::invalid_argument(
+          std::string("parallel policy ") + std::string(parallel_policy::name) +
+          " cuts the parameters into " + std::to_string(shards) +
+          " shards: the model's make_params must take a param_store_config (sequential's "
+          "does), to pad them to equal shards");
     }
   }
 
-  // This rank's shard of the flat parameters: all of them unless sharded; none on a rank that
-  // is not a parameter server.
-  std::size_t shard_size() const noexcept {
-    if constexpr (state_sharded) {
-      const int shards = state_shards(cfg_, world_size());
-      if (dedicated_) {
-        // A dedicated server's comm_ spans the servers: its rank there is its shard.
-        return dedicated_server_ ? params_.size() / static_cast<std::size_t>(shards) : 0;
-      }
-      return rank() < shards ? params_.size() / static_cast<std::size_t>(shards) : 0;
-    } else {
-      return params_.size();
-    }
-  }
-  std::size_t shard_begin() const noexcept {
-    return state_sharded ? static_cast<std::size_t>(rank()) * shard_size() : 0;
-  }
-  // The parameters of one shard (of a rank that holds one).
-  std::size_t shard_size_of_server() const noexcept {
-    return params_.size() / static_cast<std::size_t>(state_shards(cfg_, world_size()));
-  }
-
-  // A dedicated server's fit(): resume its shard when asked to, then apply each step's average
-  // gradient to its shard and send the workers the new values, until worker 0 says finish.
+  // A rank that serves (dedicated parameter servers): resume its part when asked to, then the
+  // executor serves until the workers say finish.
   fit_summary serve() {
     const auto begin = clock::now();
     checkpoint_store store({.dir = run_.directory,
@@ -1215,24 +976,7 @@ class trainer {
       }
     }
     const std::uint64_t start_step = step_;
-    parallel::server_context context{
-        .world = *world_,
-        .ps = *ps_,
-        .topk = topk_ ? &*topk_ : nullptr,
-        .master = params_,
-        .pushed = compute_params().grads(),
-        .optimizer = optimizer_,
-        .state = state_.span(),
-        .first = shard_begin(),
-        .shard = shard_size(),
-        .staleness = static_cast<std::uint64_t>(cfg_.parameter_server_staleness),
-        .to_master = [this](std::span<float> g, double scale) {
-          return precision_.to_master(g, scale);
-        }};
-    const parallel::server_result served =
-        async_ ? parallel::serve_async(context, step_) : parallel::serve(context, step_);
-    step_ = served.step;
-    max_lead_ = served.max_lead;
+    step_ = exec_->serve(step_);
     summary.steps = step_;
     summary.skipped_steps = skipped_steps_;
     summary.steps_this_run = step_ - start_step;
@@ -1242,14 +986,9 @@ class trainer {
 
   void save(checkpoint_store& store, std::uint64_t epoch, std::uint64_t next_batch, progress& bar,
             std::optional<detail::epoch_so_far> so_far = std::nullopt) {
-    buffer<float> server_shards;  // dedicated servers: their optimizer state (and, when
-    if constexpr (ps) {           // asynchronous, the parameters as they hold them now)
-      if (dedicated_ && rank() == 0) {
-        server_shards = parallel::gather_server_state(
-            *world_, *ps_, step_, shard_size_of_server() * optimizer_.state_per_parameter(), async_,
-            params_.values());
-      }
-    }
+    // The executor's blobs first: collective, and (asynchronous dedicated servers) they bring
+    // the parameters as the servers hold them.
+    const std::vector<parallel::state_blob> parts = exec_->state_blobs(step_);
     // The position: `epoch` epochs done and `next_batch` batches of the next one (names
     // epoch-E or epoch-E-step-B).
     nlohmann::json state = detail::checkpoint_state_json(
@@ -1270,49 +1009,10 @@ class trainer {
          .params_xxh3 = xxh3_hex(params_.values()),
          .run = run_.to_json(),
          .so_far = so_far});
-    const std::span<const float> values = params_.values();
-    std::span<const float> state_values = state_.span();
-    buffer<float> all_shards;
-    if constexpr (sharded) {
-      // Rank 0 writes every rank's shard of the optimizer state, in rank order.
-      all_shards = buffer<float>(state_.size() * static_cast<std::size_t>(world_size()));
-      comm_->all_gather(state_.data(), all_shards.data(), state_.size(), dtype::float32);
-      state_values = all_shards.span();
-    } else if constexpr (ps) {
-      // The servers send their shards of the optimizer state to rank 0 (a server unless the
-      // servers are dedicated: then worker 0 asks each of them).
-      const int shards = state_shards(cfg_, world_size());
-      const std::size_t per = shard_size_of_server() * optimizer_.state_per_parameter();
-      if (dedicated_) {
-        if (rank() == 0) {
-          state_values = std::as_const(server_shards).span();
-        }
-      } else if (rank() == 0) {
-        all_shards = buffer<float>(per * static_cast<std::size_t>(shards));
-        std::copy(state_.span().begin(), state_.span().end(), all_shards.span().begin());
-        for (int s = 1; s < shards; ++s) {
-          comm_->recv(all_shards.data() + static_cast<std::size_t>(s) * per, per, dtype::float32, s,
-                      parallel::server_state_tag);
-        }
-        state_values = all_shards.span();
-      } else if (rank() < shards) {
-        comm_->send(state_.data(), per, dtype::float32, 0, parallel::server_state_tag);
-      }
-    }
-    buffer<float> all_residuals;
-    if constexpr (topk) {
-      // Every rank's top-k residual, in rank order.
-      const std::span<const float> mine = std::as_const(*topk_).residual();
-      all_residuals = buffer<float>(mine.size() * static_cast<std::size_t>(world_size()));
-      comm_->all_gather(mine.data(), all_residuals.data(), mine.size(), dtype::float32);
-    }
     std::vector<checkpoint_blob> blobs = {
-        {.name = "rank-0.params.bin", .bytes = std::as_bytes(values)},
-        {.name = state_sharded ? "optimizer.shards.bin" : "rank-0.optimizer.bin",
-         .bytes = std::as_bytes(state_values)}};
-    if constexpr (topk) {
-      blobs.push_back({.name = "topk_residual.ranks.bin",
-                       .bytes = std::as_bytes(std::as_const(all_residuals).span())});
+        {.name = "rank-0.params.bin", .bytes = std::as_bytes(std::as_const(params_).values())}};
+    for (const parallel::state_blob& b : parts) {
+      blobs.push_back({.name = b.name, .bytes = b.bytes});
     }
     // Every rank holds the same parameters and optimizer state: rank 0 writes them, and the
     // others wait until it has (so that a rank never runs ahead of the newest checkpoint).
@@ -1328,8 +1028,8 @@ class trainer {
       where = store.save({.epoch = epoch, .step = next_batch}, state, blobs).path.string();
     }
     set_aside_pending_ = false;
-    if constexpr (distributed) {
-      comm_->barrier();
+    if (comm::any_comm* const g = group()) {
+      g->barrier();
     }
     bar.message("checkpoint " + where);
   }
@@ -1349,31 +1049,8 @@ class trainer {
     const nlohmann::json& s = loaded->state;
     detail::check_continues(*loaded, run_, cfg_, bar);
     loaded->copy_blob("rank-0.params.bin", params_.values());
-    if constexpr (state_sharded) {
-      // Each rank that holds a shard takes its own.
-      const std::size_t per = shard_size_of_server() * optimizer_.state_per_parameter();
-      buffer<float> all_shards(per * static_cast<std::size_t>(state_shards(cfg_, world_size())));
-      loaded->copy_blob("optimizer.shards.bin", all_shards.span());
-      if (state_.size() > 0) {  // not on a worker beside dedicated servers
-        const std::span<const float> mine =
-            std::as_const(all_shards)
-                .span()
-                .subspan(static_cast<std::size_t>(rank()) * per, state_.size());
-        std::copy(mine.begin(), mine.end(), state_.span().begin());
-      }
-    } else {
-      loaded->copy_blob("rank-0.optimizer.bin", state_.span());
-    }
-    if (topk && !dedicated_server_) {
-      const std::span<float> mine = topk_->residual();
-      buffer<float> all_residuals(mine.size() * static_cast<std::size_t>(world_size()));
-      loaded->copy_blob("topk_residual.ranks.bin", all_residuals.span());
-      const std::span<const float> saved =
-          std::as_const(all_residuals)
-              .span()
-              .subspan(static_cast<std::size_t>(rank()) * mine.size(), mine.size());
-      std::copy(saved.begin(), saved.end(), mine.begin());
-    }
+    exec_->restore(
+        [&](std::string_view name, std::span<float> into) { loaded->copy_blob(name, into); });
     step_ = s.at("step").get<std::uint64_t>();
     optimizer_.set_step_count(s.at("optimizer").at("step_count").get<std::uint64_t>());
     precision_.restore(s.contains("loss_scaler") ? s.at("loss_scaler") : nlohmann::json());
@@ -1396,7 +1073,6 @@ class trainer {
   optim::any_optimizer optimizer_;
   batch_policy batch_;          // how a step's samples are cut into micro-batches
   precision_policy precision_;  // the compute copy, the loss scale, the skip decision
-  buffer<float> state_{};
   model::softmax_cross_entropy loss_{};
   typename Model::workspace_type eval_work_{};
   std::uint64_t step_ = 0;
@@ -1407,18 +1083,8 @@ class trainer {
   std::vector<std::function<void(const epoch_metrics&)>> epoch_callbacks_{};
   std::vector<std::function<void(std::uint64_t, std::span<float>)>> gradient_callbacks_{};
   std::uint64_t skipped_steps_ = 0;
-  detail::epoch_so_far resumed_so_far_{};            // the resumed checkpoint's part of its epoch
-  std::optional<parallel::ps_exchange> ps_{};        // parallel::data<parameter_server>
-  std::optional<parallel::topk_compressor> topk_{};  // compress::topk: the residual
-  std::vector<float> residual_backup_{};
-  bool dedicated_ = false;         // parameter_server with dedicated_parameter_servers
-  bool dedicated_server_ = false;  // ... and this rank is one of the servers
-  bool pending_finite_ = true;     // dedicated: the workers' decision for the step being pushed
-  bool async_ = false;             // dedicated and parameter_server_async
-  std::uint64_t max_lead_ = 0;     // async server: the most steps a worker led the slowest by
-  std::optional<comm::any_comm> world_{};  // dedicated: every rank (comm_ spans this rank's role)
-                                           // // topk + mixed: put back on a skipped step
-  std::vector<std::int32_t> topk_mine_{}, topk_all_{};  // topk by all-gather: the pairs
+  detail::epoch_so_far resumed_so_far_{};  // the resumed checkpoint's part of its epoch
+  std::optional<executor_type> exec_{};    // the parallel policy's part of each step
 };
 
 }  // namespace strata::train

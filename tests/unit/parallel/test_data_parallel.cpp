@@ -310,12 +310,14 @@ TEST_CASE("bucket_launch = blocking trains like async, bit for bit; it needs buc
   cfg.world_size = 2;
   cfg.batch_size_per_gpu = 32;
   cfg.bucket_launch = strata::config::bucket_launch_kind::async;
-  const run_record async = run_ranks(2, cfg, [](auto& t) { CHECK_FALSE(t.blocking_buckets()); });
+  const run_record async =
+      run_ranks(2, cfg, [](auto& t) { CHECK_FALSE(t.executor().blocking_buckets()); });
   cfg = base_config("launch-blocking");
   cfg.world_size = 2;
   cfg.batch_size_per_gpu = 32;
   cfg.bucket_launch = strata::config::bucket_launch_kind::blocking;
-  const run_record blocking = run_ranks(2, cfg, [](auto& t) { CHECK(t.blocking_buckets()); });
+  const run_record blocking =
+      run_ranks(2, cfg, [](auto& t) { CHECK(t.executor().blocking_buckets()); });
   REQUIRE(blocking.steps.size() == async.steps.size());
   for (std::size_t i = 0; i < async.steps.size(); ++i) {
     CHECK(blocking.steps[i].loss == async.steps[i].loss);
@@ -331,7 +333,7 @@ TEST_CASE("bucket_launch = blocking trains like async, bit for bit; it needs buc
   threads::run(2, [&](threads& c) {
     const st::trainer<model_t, par::data<>> t(small_model(), cfg, strata::comm::any_comm(c),
                                               {.print_progress = false});
-    CHECK_FALSE(t.blocking_buckets());
+    CHECK_FALSE(t.executor().blocking_buckets());
   });
 
   // A trainer without buckets refuses the key, naming it.

@@ -575,7 +575,7 @@ TEST_CASE("the top-k residual is saved in checkpoints: a resumed run equals an u
   std::vector<std::vector<float>> residuals(2);
   run_ranks<par::data<par::all_gather, par::compress::topk>>(2, split, [&](auto& t) {
     t.on_step([&t, &residuals](const st::step_metrics&) {
-      const auto r = t.topk_residual();
+      const auto r = t.executor().topk_residual();
       residuals[static_cast<std::size_t>(t.rank())].assign(r.begin(), r.end());
     });
   });
@@ -622,7 +622,7 @@ TEST_CASE("a skipped fp16 step keeps the top-k residual") {
           }
         });
         t.on_step([&t, &after](const st::step_metrics&) {
-          const auto r = t.topk_residual();
+          const auto r = t.executor().topk_residual();
           after.emplace_back(r.begin(), r.end());
         });
       });
@@ -760,7 +760,7 @@ std::pair<std::vector<run_record>, std::uint64_t> run_async(const sc::train_conf
     }
     records[static_cast<std::size_t>(c.rank())] = record(t);
     if (c.rank() == 2) {
-      lead = t.parameter_server_max_lead();
+      lead = t.executor().max_lead();
     }
   });
   return {records, lead};
