@@ -26,6 +26,7 @@
 // policy at all (gradient_compression = topk with all_reduce, say) are refused earlier, by
 // config::validate.
 
+#include <exception>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -138,6 +139,61 @@ decltype(auto) with_precision_policy(const config::train_config& cfg, Run&& run)
   return run(std::type_identity<precision::fp32>{});
 }
 
+// Runs Trainer (a distributed trainer type, any parallel policy: a user's too) on world_size
+// ranks over communication_backend: `threads` runs them as threads of this process and returns
+// rank 0's summary; `mpi` makes this process one rank of mpiexec's job (where the program links
+// strata::mpi) and returns its own. train(trainer&) runs on every rank and returns fit()'s
+// summary. A rank that fails under MPI ends the job with its error (MPI_Abort) instead of
+// leaving the others to wait until comm_timeout.
+template <class Trainer, class Model, class Train>
+fit_summary train_on_ranks(const Model& model, const config::train_config& cfg, Train&& train) {
+  static_assert(Trainer::distributed,
+                "train_on_ranks: the trainer's parallel policy must be distributed");
+  if (cfg.communication_backend != config::comm_backend_kind::threads &&
+      cfg.communication_backend != config::comm_backend_kind::mpi) {
+    throw config_error({.key = "communication_backend"},
+                       "train_on_ranks runs ranks over threads or mpi");
+  }
+  if (cfg.communication_backend == config::comm_backend_kind::mpi) {
+#if defined(STRATA_HAVE_MPI)
+    static comm::mpi_environment environment;
+    auto world = comm::mpi::world(comm_config_of(cfg));
+    try {
+      Trainer run(model, cfg, comm::any_comm(world));
+      return fit_summary(train(run));
+    } catch (const config_error&) {
+      throw;  // every rank refuses the same configuration
+    } catch (const std::exception& e) {
+      // One rank failed: the others would wait in their next collective until comm_timeout.
+      // End the job now, with this rank's error.
+      if (world.size() > 1) {
+        comm::mpi_environment::abort("strata: rank " + std::to_string(world.rank()) + " of " +
+                                     std::to_string(world.size()) + ": " + e.what() +
+                                     "\nstrata: calling MPI_Abort so that the other ranks stop "
+                                     "now");
+      }
+      throw;
+    }
+#else
+    throw config_error({.key = "communication_backend"},
+                       "this program was built without MPI (link strata::mpi, which defines "
+                       "STRATA_HAVE_MPI; strata's own build: STRATA_ENABLE_MPI=ON)");
+#endif
+  }
+  fit_summary first;
+  comm::threads::run(
+      static_cast<int>(cfg.world_size),
+      [&](comm::threads& comm) {
+        Trainer run(model, cfg, comm::any_comm(comm));
+        fit_summary s = train(run);
+        if (comm.rank() == 0) {
+          first = std::move(s);
+        }
+      },
+      comm_config_of(cfg));
+  return first;
+}
+
 // Makes the trainer the configuration names and returns train(trainer&) (see the top).
 template <data_parallel_menu Menu = data_parallel_menu::every_policy, class Model, class Train>
 fit_summary train_as_configured(const Model& model, const config::train_config& cfg,
@@ -166,41 +222,7 @@ fit_summary train_as_configured(const Model& model, const config::train_config& 
     return with_data_policy<Menu>(cfg, [&]<class Policy>(std::type_identity<Policy>) {
       // Runs trainer<Model, Batch, Precision, Policy> on every rank; rank 0's summary.
       const auto on_ranks = [&]<class Batch>(std::type_identity<Batch>) {
-        using data_trainer = trainer<Model, Batch, Precision, Policy>;
-#if defined(STRATA_HAVE_MPI)
-        if (cfg.communication_backend == config::comm_backend_kind::mpi) {
-          static comm::mpi_environment environment;
-          auto world = comm::mpi::world(comm_config_of(cfg));
-          try {
-            data_trainer run(model, cfg, comm::any_comm(world));
-            return fit_summary(train(run));
-          } catch (const config_error&) {
-            throw;  // every rank refuses the same configuration
-          } catch (const std::exception& e) {
-            // One rank failed: the others would wait in their next collective until
-            // comm_timeout. End the job now, with this rank's error.
-            if (world.size() > 1) {
-              comm::mpi_environment::abort(
-                  "strata: rank " + std::to_string(world.rank()) + " of " +
-                  std::to_string(world.size()) + ": " + e.what() +
-                  "\nstrata: calling MPI_Abort so that the other ranks stop now");
-            }
-            throw;
-          }
-        }
-#endif
-        fit_summary first;
-        comm::threads::run(
-            static_cast<int>(cfg.world_size),
-            [&](comm::threads& comm) {
-              data_trainer run(model, cfg, comm::any_comm(comm));
-              fit_summary s = train(run);
-              if (comm.rank() == 0) {
-                first = std::move(s);
-              }
-            },
-            comm_config_of(cfg));
-        return first;
+        return train_on_ranks<trainer<Model, Batch, Precision, Policy>>(model, cfg, train);
       };
       if (cfg.adaptive_batch) {
         // Each trainer type is compiled in full, so the adaptive batch is paired with the two

@@ -426,7 +426,10 @@ class trainer {
                   ": nothing to train (raise epochs to train longer, or resume = false to start "
                   "afresh)");
     }
-    metrics_writer metrics(cfg_.metrics_file, !summary.resumed_from.empty());
+    // Rank 0 writes the metrics: a row holds the step's totals over the ranks, and thread ranks
+    // share one configuration, so the others would write the same file at once.
+    metrics_writer metrics(rank() == 0 ? cfg_.metrics_file : std::string(),
+                           !summary.resumed_from.empty());
 
     const std::size_t classes = model_.output_shape().elements();
     buffer<float> grad_logits(micro_batch * classes);
