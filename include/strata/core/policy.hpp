@@ -36,6 +36,9 @@ struct precision_policy_tag {
 struct parallel_policy_tag {
   static constexpr std::string_view family_name = "ParallelPolicy";
 };
+struct loss_tag {
+  static constexpr std::string_view family_name = "Loss";
+};
 struct comm_backend_tag {
   static constexpr std::string_view family_name = "CommBackend";
 };

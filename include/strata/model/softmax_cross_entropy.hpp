@@ -23,48 +23,26 @@
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <string_view>
+
+#include "strata/core/policy.hpp"
+#include "strata/core/shape.hpp"
+#include "strata/model/loss.hpp"
 
 namespace strata::model {
 
-struct loss_args {
-  std::size_t batch = 0;
-  std::size_t classes = 0;
-  std::span<const float> logits{};         // batch x classes
-  std::span<const std::int32_t> labels{};  // batch, each in [0, classes)
-  std::span<float> grad_logits{};          // batch x classes; empty: no gradient
-  float grad_scale = 1.0f;                 // grad = (softmax - onehot) * grad_scale
-};
-
-// What a batch (or, summed with +=, several) contributed.
-struct loss_result {
-  double loss_sum = 0.0;    // sum over samples of -log p[label]
-  std::size_t correct = 0;  // samples whose argmax is the label
-  std::size_t samples = 0;  // samples evaluated
-
-  double mean_loss() const noexcept {
-    return samples == 0 ? 0.0 : loss_sum / static_cast<double>(samples);
-  }
-  double accuracy() const noexcept {
-    return samples == 0 ? 0.0 : static_cast<double>(correct) / static_cast<double>(samples);
-  }
-  loss_result& operator+=(const loss_result& o) noexcept {
-    loss_sum += o.loss_sum;
-    correct += o.correct;
-    samples += o.samples;
-    return *this;
-  }
-  friend bool operator==(const loss_result&, const loss_result&) = default;
-};
-
-inline std::string to_string(const loss_result& r) {
-  char text[64] = {};
-  const auto printed = std::to_chars(text, text + sizeof(text), r.loss_sum);
-  return "loss_result{.loss_sum = " + std::string(text, printed.ptr) +
-         ", .correct = " + std::to_string(r.correct) + ", .samples = " + std::to_string(r.samples) +
-         "}";
-}
-
 struct softmax_cross_entropy {
+  using policy_category = loss_tag;
+  static constexpr std::string_view name = "softmax_cross_entropy";
+
+  // The model's output must be a vector of class scores: 1 x 1 x classes.
+  void check_output(const sample_shape& out) const {
+    if (out.channels != 1 || out.height != 1) {
+      throw std::invalid_argument("softmax_cross_entropy: the model's output " + to_string(out) +
+                                  " is not a vector of class scores (1x1xclasses)");
+    }
+  }
+
   // Throws std::invalid_argument for classes == 0, spans of the wrong size, a non-finite
   // grad_scale, or a label outside [0, classes) (naming the sample and the label).
   loss_result evaluate(const loss_args& args) const {
@@ -147,5 +125,7 @@ struct softmax_cross_entropy {
 inline std::string to_string(const softmax_cross_entropy&) {
   return "softmax_cross_entropy{}";
 }
+
+static_assert(check_loss<softmax_cross_entropy>());
 
 }  // namespace strata::model

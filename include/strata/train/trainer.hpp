@@ -30,22 +30,24 @@
 //              the skip vote, the optimizer state in checkpoints, a server role. A distributed
 //              trainer takes this rank's communicator (comm::any_comm) at construction, which is
 //              collective.
+//   loss       any loss (model/loss.hpp): model::softmax_cross_entropy (default), which takes a
+//              1x1xclasses output; or the user's own, for outputs of any shape it takes.
 // The configuration must name the same policies, and a key of a policy not chosen is refused:
 // config_error, naming the key.
 //
 // One step: zero the gradients; for each micro-batch, take the loader's next batch (data time),
-// forward in training mode, softmax cross-entropy with its gradient scaled by 1 / (samples of
-// the step), backward (compute time); the executor's synchronize (data parallel: the gradients
-// averaged, bucket by bucket during the last backward where the policy allows; comm time); the
-// precision policy unscales and checks them, and the step is skipped on every rank that votes
-// when they are not finite; else the executor's update (one optimizer update per parameter
-// tensor at the schedule's rate). Evaluation after every epoch.
-// Checkpoints (train/checkpoint.hpp) every checkpoint_interval epochs, after the last epoch and
-// when max_steps stops a run, into the run's own directory checkpoint_dir/<run name>
-// (train/run.hpp); unless resume = false, fit() continues that run's newest valid one as
-// docs/train.md, "Checkpoints", says. A resumed run restores the parameters, the optimizer and
-// loss-scaler state, the step and the loader's position, so that it matches an uninterrupted run
-// bit for bit (not with parameter_server_async, whose runs are not repeatable).
+// forward in training mode, the loss (softmax cross-entropy by default) with its gradient
+// scaled by 1 / (samples of the step), backward (compute time); the executor's synchronize (data
+// parallel: the gradients averaged, bucket by bucket during the last backward where the policy
+// allows; comm time); the precision policy unscales and checks them, and the step is skipped on
+// every rank that votes when they are not finite; else the executor's update (one optimizer update
+// per parameter tensor at the schedule's rate). Evaluation after every epoch. Checkpoints
+// (train/checkpoint.hpp) every checkpoint_interval epochs, after the last epoch and when max_steps
+// stops a run, into the run's own directory checkpoint_dir/<run name> (train/run.hpp); unless
+// resume = false, fit() continues that run's newest valid one as docs/train.md, "Checkpoints",
+// says. A resumed run restores the parameters, the optimizer and loss-scaler state, the step and
+// the loader's position, so that it matches an uninterrupted run bit for bit (not with
+// parameter_server_async, whose runs are not repeatable).
 
 #include <algorithm>
 #include <chrono>
@@ -202,14 +204,17 @@ inline void refuse_optimizer_bounds(const config::train_config& cfg) {
 template <class Model, class... Policies>
 class trainer {
   static_assert(model::check_model<Model>());
-  using policies =
-      policy_set<type_list<batch::fixed, precision::fp32, parallel::single_rank>, Policies...>;
+  using policies = policy_set<
+      type_list<batch::fixed, precision::fp32, parallel::single_rank, model::softmax_cross_entropy>,
+      Policies...>;
   using batch_policy = typename policies::template get<batch_policy_tag>;
   using precision_policy = typename policies::template get<precision_policy_tag>;
   using parallel_policy = typename policies::template get<parallel_policy_tag>;
+  using loss_type = typename policies::template get<loss_tag>;
   static_assert(batch::check_batch_policy<batch_policy>());
   static_assert(precision::check_precision_policy<precision_policy>());
   static_assert(parallel::check_parallel_policy<parallel_policy>());
+  static_assert(model::check_loss<loss_type>());
   static constexpr dtype compute_dtype = precision_policy::compute_dtype;
   // The parallel policy's part of each step (parallel/executor.hpp).
   using executor_type = typename parallel_policy::executor;
@@ -246,17 +251,16 @@ class trainer {
                                      options.independent_processes)),
         batch_(cfg_),
         precision_(cfg_) {
-    if (model_.output_shape().channels != 1 || model_.output_shape().height != 1) {
-      throw std::invalid_argument("trainer: the model's output " +
-                                  to_string(model_.output_shape()) +
-                                  " is not a vector of class scores (1x1xclasses)");
-    }
+    loss_.check_output(model_.output_shape());
     params_.initialize(static_cast<std::uint64_t>(cfg_.seed));
     run_ = make_run_identity(
         cfg_, params_, to_string(model_.input_shape()) + " -> " + to_string(model_.output_shape()),
         std::string(batch_policy::name) + ", " + std::string(precision_policy::name) +
             (precision_policy::scales_loss ? " with a loss scaler" : "") + ", " +
-            std::string(parallel_policy::name));
+            std::string(parallel_policy::name) +
+            (std::is_same_v<loss_type, model::softmax_cross_entropy>
+                 ? std::string()
+                 : ", loss " + std::string(loss_type::name)));
     // The GEMM's provider and threads, for the whole process (every rank of comm::threads sets
     // the same before the collective broadcast below).
     gemm_ = detail::choose_gemm(cfg_);
@@ -1076,7 +1080,7 @@ class trainer {
   optim::any_optimizer optimizer_;
   batch_policy batch_;          // how a step's samples are cut into micro-batches
   precision_policy precision_;  // the compute copy, the loss scale, the skip decision
-  model::softmax_cross_entropy loss_{};
+  loss_type loss_{};  // ends the model: softmax_cross_entropy unless the policies name another
   typename Model::workspace_type eval_work_{};
   std::uint64_t step_ = 0;
   run_identity run_{};

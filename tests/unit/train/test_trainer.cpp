@@ -9,7 +9,9 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <stdexcept>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -480,4 +482,86 @@ TEST_CASE("run identities: continuable keys exist, defaults stay out, set_aside 
   CHECK(st::set_aside(dir) == fs::path(dir.string() + ".2"));
   fs::create_directories(dir);
   CHECK_FALSE(st::set_aside(dir).has_value());
+}
+
+namespace {
+
+// A user's loss (model/loss.hpp) for outputs of any shape: rows of 4 class scores (the blobs'
+// classes), averaged over the rows and compared with the one-hot label by half the squared
+// error; the prediction is the average's argmax.
+struct one_hot_squared_error {
+  using policy_category = strata::loss_tag;
+  static constexpr std::string_view name = "one_hot_squared_error";
+  static constexpr std::size_t classes = 4;
+  void check_output(const strata::sample_shape& out) const {
+    if (out.width != classes) {
+      throw std::invalid_argument("one_hot_squared_error: needs rows of 4 class scores, got " +
+                                  strata::to_string(out));
+    }
+  }
+  sm::loss_result evaluate(const sm::loss_args& a) const {
+    sm::loss_result r{.samples = a.batch};
+    const std::size_t rows = a.classes / classes;
+    for (std::size_t s = 0; s < a.batch; ++s) {
+      const float* y = a.logits.data() + s * a.classes;
+      std::size_t best = 0;
+      std::vector<double> mean(classes, 0.0);
+      for (std::size_t i = 0; i < a.classes; ++i) {
+        mean[i % classes] += y[i] / static_cast<double>(rows);
+      }
+      for (std::size_t k = 0; k < classes; ++k) {
+        const double error = mean[k] - (static_cast<std::int32_t>(k) == a.labels[s] ? 1.0 : 0.0);
+        r.loss_sum += 0.5 * error * error;
+        best = mean[k] > mean[best] ? k : best;
+        for (std::size_t row = 0; !a.grad_logits.empty() && row < rows; ++row) {
+          a.grad_logits[s * a.classes + row * classes + k] =
+              static_cast<float>(error / static_cast<double>(rows) * a.grad_scale);
+        }
+      }
+      r.correct += static_cast<std::int32_t>(best) == a.labels[s] ? 1 : 0;
+    }
+    return r;
+  }
+};
+static_assert(sm::check_loss<one_hot_squared_error>());
+struct loss_without_check {
+  using policy_category = strata::loss_tag;
+  static constexpr std::string_view name = "loss_without_check";
+  sm::loss_result evaluate(const sm::loss_args&) const { return {}; }
+};
+static_assert(!sm::loss_checks_output<loss_without_check> && !sm::loss<loss_without_check>);
+
+// The blobs' MLP ending in a 1x1 convolution with 2 output channels: a 2x1x4 output, two rows of
+// class scores.
+auto two_row_model() {
+  return sm::sequential(strata::sample_shape{.channels = 1, .height = 1, .width = 8},
+                        sm::linear{.in = 8, .out = 32}, sm::relu{}, sm::linear{.in = 32, .out = 4},
+                        sm::conv2d{.in_channels = 1, .out_channels = 2, .kernel = 1, .padding = 0});
+}
+
+}  // namespace
+
+TEST_CASE("the loss is a policy: a user's loss trains a model whose output is not a vector") {
+  const fs::path dir = work_dir("user_loss");
+  auto cfg = base_config(dir);
+  cfg.epochs = 4;
+  cfg.optimizer = strata::config::optimizer_kind::adamw;  // the outputs start far off: large
+  cfg.lr = 0.01;                                          // squared-error gradients
+  // The default loss refuses the shape, naming it.
+  CHECK_THROWS_WITH_AS(st::trainer(two_row_model(), cfg, {.print_progress = false}),
+                       doctest::Contains("softmax_cross_entropy: the model's output 2x1x4"),
+                       std::invalid_argument);
+  st::trainer<decltype(two_row_model()), one_hot_squared_error> t(two_row_model(), cfg,
+                                                                  {.print_progress = false});
+  std::vector<double> losses;
+  t.on_step([&](const st::step_metrics& m) { losses.push_back(m.loss); });
+  const st::fit_summary s =
+      t.fit(blobs{.n = 512}, sd::identity{}, blobs{.n = 256, .salt = 1}, sd::identity{});
+  REQUIRE(losses.size() == 64);
+  CHECK(losses.back() < 0.5 * losses.front());
+  CHECK(s.test_accuracy > 0.9);
+  // The loss is part of the run's identity: its checkpoints are not the default loss's.
+  using user_loss_trainer = st::trainer<decltype(small_model()), one_hot_squared_error>;
+  CHECK(user_loss_trainer(small_model(), cfg, {.print_progress = false}).run().name !=
+        st::trainer(small_model(), cfg, {.print_progress = false}).run().name);
 }
