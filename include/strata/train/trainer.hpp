@@ -64,11 +64,6 @@
 
 #include <nlohmann/json.hpp>
 
-#ifndef XXH_INLINE_ALL
-#define XXH_INLINE_ALL
-#endif
-#include <xxhash.h>
-
 #include "strata/batch/accumulate.hpp"
 #include "strata/batch/adaptive.hpp"
 #include "strata/batch/fixed.hpp"
@@ -103,103 +98,9 @@
 #include "strata/train/metrics.hpp"
 #include "strata/train/progress.hpp"
 #include "strata/train/run.hpp"
+#include "strata/train/trainer_support.hpp"
 
 namespace strata::train {
-
-// The result of fit().
-struct fit_summary {
-  std::uint64_t epochs_done = 0;  // epochs completed, over all runs of the checkpointed job
-  std::uint64_t steps = 0;        // global optimizer steps done
-  std::uint64_t steps_this_run = 0;
-  double test_loss = 0.0;  // of the last evaluation
-  double test_accuracy = 0.0;
-  double samples_per_second = 0.0;  // training samples / training wall time, this run
-  double wall_seconds = 0.0;        // fit() from start to end
-  std::string params_xxh3{};        // of the final parameters, hex
-  std::string resumed_from{};       // checkpoint name; empty when started fresh
-  std::string run_directory{};      // checkpoint_dir/<run name>: this run's checkpoints
-  bool stopped_by_max_steps = false;
-  std::uint64_t skipped_steps = 0;  // steps skipped for non-finite gradients, over the whole job
-
-  friend bool operator==(const fit_summary&, const fit_summary&) = default;
-};
-
-struct eval_result {
-  double loss = 0.0;
-  double accuracy = 0.0;
-  std::size_t samples = 0;
-
-  friend bool operator==(const eval_result&, const eval_result&) = default;
-};
-
-// Options that are not part of the run's configuration.
-struct trainer_options {
-  bool print_progress = true;
-  std::FILE* progress_out = nullptr;  // nullptr: stdout
-  int terminal = -1;                  // progress bar: 1 / 0 force; -1 ask isatty
-  std::size_t eval_batch = 500;
-  // Under a launcher of several processes (mpiexec; core/launcher.hpp) a trainer whose ranks do
-  // not span them is refused: each process would train alone, into the same checkpoint
-  // directory. true: this process means to train on its own (give each its own
-  // checkpoint_dir or run_name).
-  bool independent_processes = false;
-
-  friend bool operator==(const trainer_options&, const trainer_options&) = default;
-};
-
-// The xxh3 of a float range, as 16 hex digits.
-inline std::string xxh3_hex(std::span<const float> values) {
-  const XXH64_hash_t h = XXH3_64bits(values.data(), values.size_bytes());
-  char text[17];
-  std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(h));
-  return text;
-}
-
-namespace detail {
-
-// Throws config_error when `run` may not continue `checkpoint` (key resume, or run_name when the
-// run is named), naming every difference; says in the log when epochs changed.
-inline void check_continues(const loaded_checkpoint& checkpoint, const run_identity& run,
-                            const config::train_config& cfg, progress& bar) {
-  const nlohmann::json& s = checkpoint.state;
-  const nlohmann::json saved_run = s.contains("run") ? s.at("run") : nlohmann::json();
-  const std::vector<std::string> differences = run_differences(saved_run, run);
-  if (!differences.empty()) {
-    std::string text = "the checkpoint " + checkpoint.info.path.string() +
-                       " was written by a run with other settings: ";
-    for (std::size_t i = 0; i < differences.size(); ++i) {
-      text += (i == 0 ? "" : "; ") + differences[i];
-    }
-    throw config_error({.key = cfg.run_name.empty() ? "resume" : "run_name"},
-                       text +
-                           ". Give this run another run_name, or resume = false to start "
-                           "afresh (the earlier checkpoints are kept aside)");
-  }
-  check_config_hash(checkpoint, run.fingerprint);
-  if (const auto then = saved_setting(saved_run, "epochs");
-      then && *then != std::to_string(cfg.epochs)) {
-    bar.message("epochs: " + *then + " in the checkpoint, " + std::to_string(cfg.epochs) +
-                " in this run: the learning-rate schedule is recomputed for " +
-                std::to_string(cfg.epochs) + " epochs");
-  }
-}
-
-// Throws config_error naming an optimizer key outside what the update rules take: the config
-// allows 1.0 for these, and the rules divide by (1 - value) or never decay. (The parallel
-// policy checks its own keys, parallel/concepts.hpp; the batch and precision policies theirs.)
-inline void refuse_optimizer_bounds(const config::train_config& cfg) {
-  if (cfg.optimizer == config::optimizer_kind::sgd && cfg.momentum >= 1.0) {
-    throw config_error({.key = "momentum"},
-                       "SGD momentum must be below 1, got " + std::to_string(cfg.momentum));
-  }
-  if (cfg.optimizer == config::optimizer_kind::adamw &&
-      (cfg.adam_beta1 >= 1.0 || cfg.adam_beta2 >= 1.0)) {
-    throw config_error({.key = cfg.adam_beta1 >= 1.0 ? "adam_beta1" : "adam_beta2"},
-                       "AdamW betas must be below 1");
-  }
-}
-
-}  // namespace detail
 
 template <class Model, class... Policies>
 class trainer {
@@ -353,266 +254,26 @@ class trainer {
     if (exec_->serves()) {
       return serve();
     }
-    const auto fit_begin = clock::now();
-    const data::subset<TrainSet> train_view(train,
-                                            static_cast<std::size_t>(cfg_.max_train_samples));
-    check_input_shape(data::dataset_traits<data::subset<TrainSet>>::shape(train_view), augment,
-                      "training");
-
-    data::distributed_sampler sampler(
-        {.dataset_size = train_view.size(),
-         .ranks = world_size(),
-         .rank = rank(),
-         .seed = static_cast<std::uint64_t>(cfg_.seed),
-         .shuffle = true,
-         .remainder = cfg_.sampler_remainder == config::sampler_remainder_kind::pad
-                          ? data::remainder_policy::pad
-                          : data::remainder_policy::drop});
-    // The batch policy sizes the loader batches and says how many of them each optimizer step
-    // takes (the epoch's last step may take fewer); the schedule and the progress count steps
-    // of the size it gives late in training.
-    const std::size_t micro_batch = loader_batch();
-    data::prefetch_loader loader(train_view, augment, std::move(sampler), loader_settings(false));
-    const std::size_t samples_per_rank = loader.sampler().samples_per_rank();
-    const std::size_t micro_batches_per_epoch = loader.batches_per_epoch();
-    const std::size_t steady =
-        std::max<std::size_t>(1, batch_.loader_batches(std::numeric_limits<std::uint64_t>::max()));
-    const std::uint64_t steps_per_epoch = (micro_batches_per_epoch + steady - 1) / steady;
-    if (steps_per_epoch == 0) {
-      throw config_error({.key = "batch_size_per_gpu", .file = {}, .line = 0, .column = 0},
-                         "the training set's " + std::to_string(train_view.size()) +
-                             " samples make no batch of " +
-                             std::to_string(cfg_.batch_size_per_gpu) + " (drop_last is on)");
+    fit_run<TrainSet, Augment> run(*this, train, augment);
+    const auto test_now = [&] { return evaluate(test, test_transform); };
+    while (run.epoch < run.epochs && train_epoch(run, test_now)) {
     }
-    const auto epochs = static_cast<std::uint64_t>(cfg_.epochs);
-    const auto schedule = optim::make_lr_schedule(schedule_config(steps_per_epoch));
-
-    checkpoint_store store({.dir = run_.directory,
-                            .keep = static_cast<std::size_t>(cfg_.checkpoint_keep),
-                            .config_hash = run_.fingerprint});
-    progress bar({.enabled = options_.print_progress && rank() == 0,
-                  .log_every = static_cast<std::uint64_t>(cfg_.log_every),
-                  .terminal = options_.terminal,
-                  .out = options_.progress_out});
-
-    if (options_.print_progress && rank() == 0) {
-      std::size_t rows = 1;
-      std::size_t cols = 1;
-      for (const model::param_entry& e : params_.entries()) {
-        if (e.spec.rows * e.spec.cols > rows * cols) {
-          rows = e.spec.rows;
-          cols = e.spec.cols;
-        }
-      }
-      for (const std::string& line :
-           detail::compute_log(gemm_, micro_batch, rows, cols, to_string(compute_dtype))) {
-        bar.message(line);
-      }
-    }
-    fit_summary summary;
-    summary.run_directory = run_.directory.string();
-    std::uint64_t epoch = 0;
-    std::uint64_t first_batch = 0;
-    if (cfg_.resume != config::resume_mode::never) {
-      if (auto resumed = resume(store, bar)) {
-        epoch = resumed->epoch;
-        first_batch = resumed->next_batch;
-        summary.resumed_from = resumed->name;
-      }
-    }
-    set_aside_pending_ = summary.resumed_from.empty();
-    if (summary.resumed_from.empty()) {
-      bar.message("run " + run_.name + ": starting afresh, checkpoints in " +
-                  run_.directory.string() + old_layout_note(run_));
-    } else if (epoch >= epochs) {
-      bar.message("run " + run_.name + " has trained " + std::to_string(epoch) +
-                  " epochs, epochs = " + std::to_string(epochs) +
-                  ": nothing to train (raise epochs to train longer, or resume = false to start "
-                  "afresh)");
-    }
-    // Rank 0 writes the metrics: a row holds the step's totals over the ranks, and thread ranks
-    // share one configuration, so the others would write the same file at once.
-    metrics_writer metrics(rank() == 0 ? cfg_.metrics_file : std::string(),
-                           !summary.resumed_from.empty());
-
-    const std::size_t classes = model_.output_shape().elements();
-    buffer<float> grad_logits(micro_batch * classes);
-    parallel::bucket_reducer* const reducer = exec_->begin_fit();
-    step_runner runner(*this, grad_logits, classes, reducer, bar);
-    batch_.begin(runner);
-    double train_seconds = 0.0;
-    std::size_t train_samples = 0;
-    const std::uint64_t start_step = step_;
-
-    while (epoch < epochs) {
-      loader.start_epoch(static_cast<std::uint32_t>(epoch), first_batch);
-      epoch_metrics em{.epoch = epoch};
-      double loss_sum = 0.0;
-      std::size_t correct = 0;
-      double seconds_before = 0.0;  // of this epoch, before the checkpoint it resumed from
-      std::size_t samples_before = 0;
-      if (first_batch > 0) {
-        const detail::epoch_so_far& e = resumed_so_far_;
-        loss_sum = e.loss_sum;
-        correct = static_cast<std::size_t>(e.correct);
-        em.steps = e.steps;
-        em.samples = static_cast<std::size_t>(e.samples);
-        em.skipped_steps = e.skipped_steps;
-        em.data_seconds = e.data_seconds;
-        em.compute_seconds = e.compute_seconds;
-        em.comm_seconds = e.comm_seconds;
-        seconds_before = e.seconds;
-        samples_before = em.samples;
-      }
-      const auto epoch_begin = clock::now();
-      bool stop = false;
-      while (loader.next_batch() < micro_batches_per_epoch) {
-        // One optimizer step: the loader batches the batch policy asks for, gradients summed,
-        // each scaled by 1 / (samples of the whole step) so that the step's gradient is their
-        // mean.
-        const std::size_t first = loader.next_batch();
-        const std::size_t micro =
-            std::min<std::size_t>(std::max<std::size_t>(1, batch_.loader_batches(step_)),
-                                  micro_batches_per_epoch - first);
-        const std::size_t step_samples =
-            std::min(samples_per_rank, (first + micro) * micro_batch) - first * micro_batch;
-        const double lr = schedule.lr(step_);
-        const double scale = loss_scale();
-        begin_step();
-        runner.begin_step(static_cast<float>(scale / static_cast<double>(step_samples)));
-        model::loss_result loss{};
-        double data_seconds = 0.0;
-        double compute = 0.0;
-        for (std::size_t m = 0; m < micro; ++m) {
-          auto b = loader.next();
-          const auto compute_begin = clock::now();
-          data_seconds += b->wait_seconds;
-          const model::loss_result part = batch_.run(
-              runner,
-              {.inputs = b->inputs, .labels = b->labels, .indices = b->indices, .size = b->size},
-              m + 1 == micro);
-          loss.loss_sum += part.loss_sum;
-          loss.correct += part.correct;
-          compute += seconds_since(compute_begin);
-        }
-        // The parallel policy's part: gradients made the ones to apply, totals over the ranks.
-        const parallel::sync_result synced =
-            exec_->synchronize({.step = step_,
-                                .lr = lr,
-                                .loss_scale = scale,
-                                .mine = {.loss_sum = loss.loss_sum,
-                                         .correct = static_cast<double>(loss.correct),
-                                         .samples = static_cast<double>(step_samples)},
-                                .overlapped = runner.overlapped()});
-        compute -= synced.blocked_in_backward;
-        const double comm_seconds = synced.comm_seconds;
-        loss.loss_sum = synced.all.loss_sum;
-        loss.correct = static_cast<std::size_t>(synced.all.correct);
-        const auto global_samples = static_cast<std::size_t>(synced.all.samples);
-        const auto update_begin = clock::now();
-        const bool applied = finish_step(lr);
-        compute += seconds_since(update_begin);
-        const auto samples = static_cast<double>(global_samples);
-        step_metrics sm{.epoch = epoch,
-                        .step = step_,
-                        .epoch_step = em.steps,
-                        .samples = global_samples,
-                        .loss = loss.loss_sum / samples,
-                        .accuracy = static_cast<double>(loss.correct) / samples,
-                        .lr = lr,
-                        .data_seconds = data_seconds,
-                        .compute_seconds = compute,
-                        .comm_seconds = comm_seconds,
-                        .samples_per_second = samples / (data_seconds + compute + comm_seconds),
-                        .peak_bytes = host{}.memory().stats().peak,
-                        .skipped = !applied,
-                        .loss_scale = scale,
-                        .micro_batch = batch_.micro_batch()};
-        ++step_;
-        loss_sum += loss.loss_sum;
-        correct += loss.correct;
-        em.steps += 1;
-        em.skipped_steps += applied ? 0 : 1;
-        em.samples += global_samples;
-        em.data_seconds += sm.data_seconds;
-        em.compute_seconds += sm.compute_seconds;
-        em.comm_seconds += sm.comm_seconds;
-        metrics.write(sm);
-        for (auto& f : step_callbacks_) {
-          f(sm);
-        }
-        bar.step(sm, steps_per_epoch, epochs,
-                 epochs * steps_per_epoch > step_ ? epochs * steps_per_epoch - step_ : 0);
-        if (cfg_.max_steps > 0 && step_ >= static_cast<std::uint64_t>(cfg_.max_steps) &&
-            loader.next_batch() < micro_batches_per_epoch) {
-          save(store, epoch, loader.next_batch(), bar,
-               detail::epoch_so_far{.loss_sum = loss_sum,
-                                    .correct = correct,
-                                    .steps = em.steps,
-                                    .samples = em.samples,
-                                    .skipped_steps = em.skipped_steps,
-                                    .seconds = seconds_before + seconds_since(epoch_begin),
-                                    .data_seconds = em.data_seconds,
-                                    .compute_seconds = em.compute_seconds,
-                                    .comm_seconds = em.comm_seconds});
-          summary.stopped_by_max_steps = true;
-          stop = true;
-          break;
-        }
-      }
-      const double own_seconds = seconds_since(epoch_begin);  // this run's part of the epoch
-      train_seconds += own_seconds;
-      em.seconds = seconds_before + own_seconds;
-      train_samples += em.samples - samples_before;
-      if (stop) {
-        break;
-      }
-      em.train_loss = em.samples == 0 ? 0.0 : loss_sum / static_cast<double>(em.samples);
-      em.train_accuracy =
-          em.samples == 0 ? 0.0 : static_cast<double>(correct) / static_cast<double>(em.samples);
-      em.samples_per_second = em.seconds > 0.0 ? static_cast<double>(em.samples) / em.seconds : 0.0;
-      const eval_result ev = evaluate(test, test_transform);
-      em.test_loss = ev.loss;
-      em.test_accuracy = ev.accuracy;
-      em.peak_bytes = host{}.memory().stats().peak;
-      summary.test_loss = ev.loss;
-      summary.test_accuracy = ev.accuracy;
-      metrics.write(em);
-      bar.epoch(em, epochs);
-      for (auto& f : epoch_callbacks_) {
-        f(em);
-      }
-      ++epoch;
-      first_batch = 0;
-      const bool last = epoch == epochs;
-      const bool interval = cfg_.checkpoint_interval > 0 &&
-                            epoch % static_cast<std::uint64_t>(cfg_.checkpoint_interval) == 0;
-      const bool max_reached =
-          cfg_.max_steps > 0 && step_ >= static_cast<std::uint64_t>(cfg_.max_steps);
-      if (last || interval || max_reached) {
-        save(store, epoch, 0, bar);
-      }
-      if (max_reached && !last) {
-        summary.stopped_by_max_steps = true;
-        break;
-      }
-    }
-    if (summary.steps_this_run == 0 && step_ == start_step && epoch >= epochs) {
+    if (run.summary.steps_this_run == 0 && step_ == run.start_step && run.epoch >= run.epochs) {
       // Resumed a finished run: report its final evaluation.
-      const eval_result ev = evaluate(test, test_transform);
-      summary.test_loss = ev.loss;
-      summary.test_accuracy = ev.accuracy;
+      const eval_result ev = test_now();
+      run.summary.test_loss = ev.loss;
+      run.summary.test_accuracy = ev.accuracy;
     }
-    summary.epochs_done = epoch;
-    summary.steps = step_;
-    summary.skipped_steps = skipped_steps_;
-    summary.steps_this_run = step_ - start_step;
-    summary.samples_per_second =
-        train_seconds > 0.0 ? static_cast<double>(train_samples) / train_seconds : 0.0;
-    summary.wall_seconds = seconds_since(fit_begin);
-    summary.params_xxh3 = xxh3_hex(params_.values());
+    run.summary.epochs_done = run.epoch;
+    run.summary.steps = step_;
+    run.summary.skipped_steps = skipped_steps_;
+    run.summary.steps_this_run = step_ - run.start_step;
+    run.summary.samples_per_second =
+        run.train_seconds > 0.0 ? static_cast<double>(run.train_samples) / run.train_seconds : 0.0;
+    run.summary.wall_seconds = seconds_since(run.begin);
+    run.summary.params_xxh3 = xxh3_hex(params_.values());
     exec_->end_fit(step_);
-    return summary;
+    return run.summary;
   }
 
   // Loss and accuracy of the current parameters on `test` (the first max_eval_samples).
@@ -673,46 +334,6 @@ class trainer {
     return std::chrono::duration<double>(clock::now() - t).count();
   }
 
-  static optim::optimizer_choice optimizer_choice(const config::train_config& c) {
-    optim::optimizer_choice choice{};
-    choice.kind = c.optimizer == config::optimizer_kind::sgd
-                      ? optim::optimizer_choice::kind_type::sgd
-                      : optim::optimizer_choice::kind_type::adamw;
-    choice.sgd = {.momentum = c.momentum,
-                  .nesterov = c.nesterov && c.momentum > 0.0,
-                  .weight_decay = c.weight_decay};
-    choice.adamw = {.beta1 = c.adam_beta1,
-                    .beta2 = c.adam_beta2,
-                    .eps = c.adam_eps,
-                    .weight_decay = c.weight_decay};
-    return choice;
-  }
-
-  optim::lr_schedule_config schedule_config(std::uint64_t steps_per_epoch) const {
-    optim::lr_schedule_config s{};
-    switch (cfg_.lr_schedule) {
-      case config::lr_schedule_kind::constant:
-        s.kind = optim::lr_schedule_config::kind_type::constant;
-        break;
-      case config::lr_schedule_kind::step:
-        s.kind = optim::lr_schedule_config::kind_type::step;
-        break;
-      case config::lr_schedule_kind::cosine:
-        s.kind = optim::lr_schedule_config::kind_type::cosine;
-        break;
-    }
-    const double per_epoch = static_cast<double>(steps_per_epoch);
-    const auto warmup = static_cast<std::uint64_t>(cfg_.warmup_epochs * per_epoch + 0.5);
-    s.lr = cfg_.lr;
-    s.warmup_steps = static_cast<double>(warmup);
-    s.step_size = static_cast<std::uint64_t>(cfg_.lr_step_size) * steps_per_epoch;
-    s.gamma = cfg_.lr_gamma;
-    s.min_lr = cfg_.lr_min;
-    const std::uint64_t total = static_cast<std::uint64_t>(cfg_.epochs) * steps_per_epoch;
-    s.total_steps = total > warmup ? total - warmup : 1;
-    return s;
-  }
-
   // Samples per training loader batch, as the batch policy cuts them.
   std::size_t loader_batch() const { return batch_.loader_batch(); }
 
@@ -762,7 +383,7 @@ class trainer {
     if (!independent_processes) {
       detail::refuse_launch_mismatch(distributed, cfg_, detect_launch());
     }
-    return optim::make_optimizer(optimizer_choice(cfg_));
+    return optim::make_optimizer(detail::optimizer_choice(cfg_));
   }
 
   using workspace = typename Model::workspace_type;
@@ -902,6 +523,314 @@ class trainer {
     model_.backward(work, p, grad);
     precision_.store(p.grads());  // as the compute type holds them
     return loss;
+  }
+
+  // What one fit() holds: this rank's loader, the schedule, the checkpoint store, the progress,
+  // the metrics file, the step runner, and where the run stands. Set up in the order the log
+  // shows it: the compute lines, then the resume.
+  template <class TrainSet, class Augment>
+  struct fit_run {
+    using loader_type = data::prefetch_loader<data::subset<TrainSet>, Augment>;
+
+    fit_run(trainer& t, const TrainSet& train, const Augment& augment)
+        : view(train, static_cast<std::size_t>(t.cfg_.max_train_samples)),
+          micro_batch(t.loader_batch()),
+          loader(view, augment, t.training_sampler(view.size()), t.loader_settings(false)),
+          store({.dir = t.run_.directory,
+                 .keep = static_cast<std::size_t>(t.cfg_.checkpoint_keep),
+                 .config_hash = t.run_.fingerprint}),
+          bar({.enabled = t.options_.print_progress && t.rank() == 0,
+               .log_every = static_cast<std::uint64_t>(t.cfg_.log_every),
+               .terminal = t.options_.terminal,
+               .out = t.options_.progress_out}),
+          grad_logits(micro_batch * t.model_.output_shape().elements()),
+          runner(t, grad_logits, t.model_.output_shape().elements(), t.exec_->begin_fit(), bar) {
+      t.check_input_shape(data::dataset_traits<data::subset<TrainSet>>::shape(view), augment,
+                          "training");
+      // The batch policy sizes the loader batches and says how many of them each optimizer
+      // step takes (the epoch's last step may take fewer); the schedule and the progress count
+      // steps of the size it gives late in training.
+      const std::size_t steady = std::max<std::size_t>(
+          1, t.batch_.loader_batches(std::numeric_limits<std::uint64_t>::max()));
+      steps_per_epoch = (loader.batches_per_epoch() + steady - 1) / steady;
+      if (steps_per_epoch == 0) {
+        throw config_error({.key = "batch_size_per_gpu", .file = {}, .line = 0, .column = 0},
+                           "the training set's " + std::to_string(view.size()) +
+                               " samples make no batch of " +
+                               std::to_string(t.cfg_.batch_size_per_gpu) + " (drop_last is on)");
+      }
+      epochs = static_cast<std::uint64_t>(t.cfg_.epochs);
+      schedule = optim::make_lr_schedule(detail::schedule_config(t.cfg_, steps_per_epoch));
+      t.log_compute(bar, micro_batch);
+      summary.run_directory = t.run_.directory.string();
+      t.start_or_resume(*this);
+      start_step = t.step_;
+      metrics = metrics_writer(t.rank() == 0 ? t.cfg_.metrics_file : std::string(),
+                               !summary.resumed_from.empty());
+      t.batch_.begin(runner);
+    }
+
+    const clock::time_point begin = clock::now();
+    const data::subset<TrainSet> view;
+    const std::size_t micro_batch;  // samples per loader batch
+    loader_type loader;
+    checkpoint_store store;
+    progress bar;
+    buffer<float> grad_logits;
+    step_runner runner;
+    std::uint64_t start_step = 0;  // the step this fit() started at, after resuming
+    std::uint64_t steps_per_epoch = 0;
+    std::uint64_t epochs = 0;
+    optim::any_lr_schedule schedule{};
+    metrics_writer metrics{};
+    fit_summary summary{};
+    std::uint64_t epoch = 0;        // epochs done
+    std::uint64_t first_batch = 0;  // of the next epoch (a mid-epoch resume)
+    double train_seconds = 0.0;     // this run's training time and samples
+    std::size_t train_samples = 0;
+  };
+
+  // A fresh run, or the newest checkpoint of this run continued (resume), said in the log.
+  template <class Run>
+  void start_or_resume(Run& run) {
+    if (cfg_.resume != config::resume_mode::never) {
+      if (auto resumed = resume(run.store, run.bar)) {
+        run.epoch = resumed->epoch;
+        run.first_batch = resumed->next_batch;
+        run.summary.resumed_from = resumed->name;
+      }
+    }
+    set_aside_pending_ = run.summary.resumed_from.empty();
+    if (run.summary.resumed_from.empty()) {
+      run.bar.message("run " + run_.name + ": starting afresh, checkpoints in " +
+                      run_.directory.string() + old_layout_note(run_));
+    } else if (run.epoch >= run.epochs) {
+      run.bar.message("run " + run_.name + " has trained " + std::to_string(run.epoch) +
+                      " epochs, epochs = " + std::to_string(run.epochs) +
+                      ": nothing to train (raise epochs to train longer, or resume = false to "
+                      "start afresh)");
+    }
+  }
+
+  // This rank's shard of the training samples, reshuffled every epoch.
+  data::distributed_sampler training_sampler(std::size_t samples) const {
+    return data::distributed_sampler(
+        {.dataset_size = samples,
+         .ranks = world_size(),
+         .rank = rank(),
+         .seed = static_cast<std::uint64_t>(cfg_.seed),
+         .shuffle = true,
+         .remainder = cfg_.sampler_remainder == config::sampler_remainder_kind::pad
+                          ? data::remainder_policy::pad
+                          : data::remainder_policy::drop});
+  }
+
+  // The log's compute lines (train/compute.hpp), on rank 0 with progress on.
+  void log_compute(progress& bar, std::size_t micro_batch) const {
+    if (!options_.print_progress || rank() != 0) {
+      return;
+    }
+    std::size_t rows = 1;
+    std::size_t cols = 1;
+    for (const model::param_entry& e : params_.entries()) {
+      if (e.spec.rows * e.spec.cols > rows * cols) {
+        rows = e.spec.rows;
+        cols = e.spec.cols;
+      }
+    }
+    for (const std::string& line :
+         detail::compute_log(gemm_, micro_batch, rows, cols, to_string(compute_dtype))) {
+      bar.message(line);
+    }
+  }
+
+  // An epoch's running sums: its metrics so far and the part before the checkpoint it resumed
+  // from.
+  struct epoch_totals {
+    epoch_metrics metrics{};
+    double loss_sum = 0.0;
+    std::size_t correct = 0;
+    double seconds_before = 0.0;  // of this epoch, before the checkpoint it resumed from
+    std::size_t samples_before = 0;
+
+    void add(const step_metrics& sm, const parallel::step_totals& all) {
+      loss_sum += all.loss_sum;
+      correct += static_cast<std::size_t>(all.correct);
+      metrics.steps += 1;
+      metrics.skipped_steps += sm.skipped ? 1 : 0;
+      metrics.samples += sm.samples;
+      metrics.data_seconds += sm.data_seconds;
+      metrics.compute_seconds += sm.compute_seconds;
+      metrics.comm_seconds += sm.comm_seconds;
+    }
+    detail::epoch_so_far so_far() const {
+      return {.loss_sum = loss_sum,
+              .correct = correct,
+              .steps = metrics.steps,
+              .samples = metrics.samples,
+              .skipped_steps = metrics.skipped_steps,
+              .seconds = metrics.seconds,
+              .data_seconds = metrics.data_seconds,
+              .compute_seconds = metrics.compute_seconds,
+              .comm_seconds = metrics.comm_seconds};
+    }
+  };
+
+  // One epoch from run.first_batch: its steps, then (unless max_steps stopped it) the
+  // evaluation, the epoch's metrics and the checkpoint the cadence asks for. Returns whether
+  // training goes on.
+  template <class Run, class Evaluate>
+  bool train_epoch(Run& run, const Evaluate& test_now) {
+    run.loader.start_epoch(static_cast<std::uint32_t>(run.epoch), run.first_batch);
+    epoch_totals e = epoch_start(run);
+    const auto epoch_begin = clock::now();
+    bool stopped = false;
+    while (!stopped && run.loader.next_batch() < run.loader.batches_per_epoch()) {
+      parallel::step_totals all{};
+      const step_metrics sm = train_step(run, e.metrics.steps, all);
+      e.add(sm, all);
+      run.metrics.write(sm);
+      for (auto& f : step_callbacks_) {
+        f(sm);
+      }
+      const std::uint64_t total = run.epochs * run.steps_per_epoch;
+      run.bar.step(sm, run.steps_per_epoch, run.epochs, total > step_ ? total - step_ : 0);
+      stopped = cfg_.max_steps > 0 && step_ >= static_cast<std::uint64_t>(cfg_.max_steps) &&
+                run.loader.next_batch() < run.loader.batches_per_epoch();
+    }
+    const double own_seconds = seconds_since(epoch_begin);  // this run's part of the epoch
+    run.train_seconds += own_seconds;
+    e.metrics.seconds = e.seconds_before + own_seconds;
+    run.train_samples += e.metrics.samples - e.samples_before;
+    if (stopped) {
+      save(run.store, run.epoch, run.loader.next_batch(), run.bar, e.so_far());
+      run.summary.stopped_by_max_steps = true;
+      return false;
+    }
+    end_epoch(run, e, test_now);
+    const bool max_reached =
+        cfg_.max_steps > 0 && step_ >= static_cast<std::uint64_t>(cfg_.max_steps);
+    if (max_reached && run.epoch != run.epochs) {
+      run.summary.stopped_by_max_steps = true;
+      return false;
+    }
+    return true;
+  }
+
+  // The epoch's sums: zero, or (a mid-epoch resume) those of the checkpoint.
+  template <class Run>
+  epoch_totals epoch_start(const Run& run) const {
+    epoch_totals e{.metrics = {.epoch = run.epoch}};
+    if (run.first_batch > 0) {
+      const detail::epoch_so_far& s = resumed_so_far_;
+      e.loss_sum = s.loss_sum;
+      e.correct = static_cast<std::size_t>(s.correct);
+      e.metrics.steps = s.steps;
+      e.metrics.samples = static_cast<std::size_t>(s.samples);
+      e.metrics.skipped_steps = s.skipped_steps;
+      e.metrics.data_seconds = s.data_seconds;
+      e.metrics.compute_seconds = s.compute_seconds;
+      e.metrics.comm_seconds = s.comm_seconds;
+      e.seconds_before = s.seconds;
+      e.samples_before = e.metrics.samples;
+    }
+    return e;
+  }
+
+  // After an epoch's last step: the evaluation, the epoch's metrics and callbacks, and the
+  // checkpoint after the last epoch, every checkpoint_interval epochs, and at max_steps.
+  template <class Run, class Evaluate>
+  void end_epoch(Run& run, epoch_totals& e, const Evaluate& test_now) {
+    epoch_metrics& em = e.metrics;
+    const auto samples = static_cast<double>(em.samples);
+    em.train_loss = em.samples == 0 ? 0.0 : e.loss_sum / samples;
+    em.train_accuracy = em.samples == 0 ? 0.0 : static_cast<double>(e.correct) / samples;
+    em.samples_per_second = em.seconds > 0.0 ? samples / em.seconds : 0.0;
+    const eval_result ev = test_now();
+    em.test_loss = ev.loss;
+    em.test_accuracy = ev.accuracy;
+    em.peak_bytes = host{}.memory().stats().peak;
+    run.summary.test_loss = ev.loss;
+    run.summary.test_accuracy = ev.accuracy;
+    run.metrics.write(em);
+    run.bar.epoch(em, run.epochs);
+    for (auto& f : epoch_callbacks_) {
+      f(em);
+    }
+    ++run.epoch;
+    run.first_batch = 0;
+    const bool interval = cfg_.checkpoint_interval > 0 &&
+                          run.epoch % static_cast<std::uint64_t>(cfg_.checkpoint_interval) == 0;
+    const bool max_reached =
+        cfg_.max_steps > 0 && step_ >= static_cast<std::uint64_t>(cfg_.max_steps);
+    if (run.epoch == run.epochs || interval || max_reached) {
+      save(run.store, run.epoch, 0, run.bar);
+    }
+  }
+
+  // One optimizer step: the loader batches the batch policy asks for, gradients summed, each
+  // scaled by 1 / (samples of the whole step) so that the step's gradient is their mean; the
+  // executor's synchronisation; the precision policy's decision and the update.
+  // `all`: the step's totals over the ranks.
+  template <class Run>
+  step_metrics train_step(Run& run, std::uint64_t epoch_step, parallel::step_totals& all) {
+    const std::size_t per_epoch = run.loader.batches_per_epoch();
+    const std::size_t first = run.loader.next_batch();
+    const std::size_t micro = std::min<std::size_t>(
+        std::max<std::size_t>(1, batch_.loader_batches(step_)), per_epoch - first);
+    const std::size_t step_samples =
+        std::min(run.loader.sampler().samples_per_rank(), (first + micro) * run.micro_batch) -
+        first * run.micro_batch;
+    const double lr = run.schedule.lr(step_);
+    const double scale = loss_scale();
+    begin_step();
+    run.runner.begin_step(static_cast<float>(scale / static_cast<double>(step_samples)));
+    model::loss_result loss{};
+    double data_seconds = 0.0;
+    double compute = 0.0;
+    for (std::size_t m = 0; m < micro; ++m) {
+      auto b = run.loader.next();
+      const auto compute_begin = clock::now();
+      data_seconds += b->wait_seconds;
+      loss += batch_.run(
+          run.runner,
+          {.inputs = b->inputs, .labels = b->labels, .indices = b->indices, .size = b->size},
+          m + 1 == micro);
+      compute += seconds_since(compute_begin);
+    }
+    // The parallel policy's part: gradients made the ones to apply, totals over the ranks.
+    const parallel::sync_result synced =
+        exec_->synchronize({.step = step_,
+                            .lr = lr,
+                            .loss_scale = scale,
+                            .mine = {.loss_sum = loss.loss_sum,
+                                     .correct = static_cast<double>(loss.correct),
+                                     .samples = static_cast<double>(step_samples)},
+                            .overlapped = run.runner.overlapped()});
+    compute -= synced.blocked_in_backward;
+    const auto update_begin = clock::now();
+    const bool applied = finish_step(lr);
+    compute += seconds_since(update_begin);
+    all = synced.all;
+    const double samples = synced.all.samples;
+    const step_metrics sm{
+        .epoch = run.epoch,
+        .step = step_,
+        .epoch_step = epoch_step,
+        .samples = static_cast<std::size_t>(samples),
+        .loss = synced.all.loss_sum / samples,
+        .accuracy = synced.all.correct / samples,
+        .lr = lr,
+        .data_seconds = data_seconds,
+        .compute_seconds = compute,
+        .comm_seconds = synced.comm_seconds,
+        .samples_per_second = samples / (data_seconds + compute + synced.comm_seconds),
+        .peak_bytes = host{}.memory().stats().peak,
+        .skipped = !applied,
+        .loss_scale = scale,
+        .micro_batch = batch_.micro_batch()};
+    ++step_;
+    return sm;
   }
 
   // The parameters the model runs on: the master copy in fp32, the compute copy when mixed.
