@@ -16,7 +16,7 @@
 //      policies when the configuration sets them (refuse_foreign_keys does both for the keys of
 //      the shipped policies; `rank` goes into the messages);
 //   4. names its step executor: `using executor = E;` where E meets executor.hpp's requirements
-//      (constructed from a step_context; shards; group, serves and serve; begin_fit,
+//      (constructed from a step_context; shards; group, data_shard, serves and serve; begin_fit,
 //      synchronize and any_rank_nonfinite; owned, update and skipped; state_blobs, restore and
 //      end_fit). Deriving E from parallel::local_executor gives the one-rank behaviour of each.
 //
@@ -88,7 +88,8 @@ constexpr bool check_parallel_policy() {
                   "ParallelPolicy executor: missing 'static int shards(const "
                   "config::train_config&, int world)'");
     static_assert(executor_has_roles<E>,
-                  "ParallelPolicy executor: missing group(), serves() or serve(std::uint64_t)");
+                  "ParallelPolicy executor: missing group(), data_shard(), serves() or "
+                  "serve(std::uint64_t)");
     static_assert(executor_synchronizes<E>,
                   "ParallelPolicy executor: missing begin_fit(), synchronize(const sync_args&) "
                   "returning sync_result, or any_rank_nonfinite(bool)");

@@ -11,8 +11,9 @@
 // In the order of one fit():
 //   shards(cfg, world)   static: how many equal shards the flat parameters are padded to
 //   E(context)           collective: after every rank holds the same initial parameters
-//   group()              the ranks that train together (metrics, the sampler's shards, the
-//                        checkpoint barrier); null on one rank
+//   group()              the ranks that train together (the step's totals, the checkpoint
+//                        barrier); null on one rank
+//   data_shard()         which shard of the training samples this rank reads: {shards, index}
 //   serves(), serve(s)   a rank that serves instead of training (dedicated parameter servers)
 //   begin_fit()          the bucket reducer that backward starts, or null
 //   synchronize(args)    after a step's last backward: gradients made the ones to apply, and
@@ -97,6 +98,13 @@ struct sync_result {
   double blocked_in_backward = 0.0;  // of the compute time, what was spent in blocking launches
 };
 
+// Which shard of the training samples a rank reads.
+struct data_shard_of {
+  int shards = 1;
+  int index = 0;
+  friend bool operator==(const data_shard_of&, const data_shard_of&) = default;
+};
+
 // A named part of a checkpoint.
 struct state_blob {
   std::string name;
@@ -146,6 +154,14 @@ class local_executor {
   static int shards(const config::train_config&, int) { return 1; }
 
   comm::any_comm* group() const noexcept { return group_ ? &*group_ : nullptr; }
+
+  // The training samples are cut into `shards` and this rank reads shard `index`: one per rank
+  // of group() here. Ranks that share their samples (the stages of one pipeline, say) return
+  // the same shard.
+  data_shard_of data_shard() const noexcept {
+    return group_ ? data_shard_of{.shards = group_->size(), .index = group_->rank()}
+                  : data_shard_of{};
+  }
 
   bool serves() const noexcept { return false; }
   std::uint64_t serve(std::uint64_t) {
@@ -211,6 +227,7 @@ concept executor_lays_out = requires(const config::train_config& c, int world) {
 template <class E>
 concept executor_has_roles = requires(E& e, std::uint64_t step) {
   { e.group() } -> std::convertible_to<comm::any_comm*>;
+  { e.data_shard() } -> std::convertible_to<data_shard_of>;
   { e.serves() } -> std::convertible_to<bool>;
   { e.serve(step) } -> std::convertible_to<std::uint64_t>;
 };

@@ -612,12 +612,14 @@ class trainer {
     }
   }
 
-  // This rank's shard of the training samples, reshuffled every epoch.
+  // This rank's shard of the training samples (the executor's data_shard), reshuffled every
+  // epoch.
   data::distributed_sampler training_sampler(std::size_t samples) const {
+    const parallel::data_shard_of shard = exec_->data_shard();
     return data::distributed_sampler(
         {.dataset_size = samples,
-         .ranks = world_size(),
-         .rank = rank(),
+         .ranks = shard.shards,
+         .rank = shard.index,
          .seed = static_cast<std::uint64_t>(cfg_.seed),
          .shuffle = true,
          .remainder = cfg_.sampler_remainder == config::sampler_remainder_kind::pad

@@ -96,3 +96,31 @@ TEST_CASE("a local SGD run stopped between averages resumes every rank exactly")
   }
   CHECK(straight[0].params != straight[1].params);  // 16 steps: the last average was at 15
 }
+
+namespace {
+
+// Ranks that share their samples (as the stages of one pipeline do): the executor's data_shard
+// makes every rank read the whole training set.
+struct shared_samples_sgd : local_sgd<1> {
+  class executor : public local_sgd<1>::executor {
+   public:
+    using local_sgd<1>::executor::executor;
+    par::data_shard_of data_shard() const noexcept { return {}; }
+  };
+};
+
+}  // namespace
+
+TEST_CASE("the executor decides which samples a rank reads") {
+  auto cfg = config("shared-samples");
+  cfg.epochs = 1;
+  const auto sharded = strata::test::run_thread_ranks<local_sgd<1>>(2, cfg, small_model);
+  cfg = config("shared-samples-2");
+  cfg.epochs = 1;
+  const auto shared = strata::test::run_thread_ranks<shared_samples_sgd>(2, cfg, small_model);
+  // 512 samples in batches of 32: 8 steps each over half of them, 16 over all of them; every
+  // rank then reads the same samples and ends with the same parameters (checked by the runner).
+  CHECK(sharded[0].steps.size() == 8);
+  CHECK(shared[0].steps.size() == 16);
+  CHECK(shared[0].steps[0].samples == 64);  // both ranks' samples of the step
+}
