@@ -43,12 +43,8 @@ int main(int argc, char** argv) {
         const sd::idx_dataset test =
             sd::load_fashion_mnist(cfg.data_dir, sd::fashion_mnist_split::test);
         using trainer_t = strata::train::trainer<decltype(make_mlp()), local_sgd<4>>;
-        const bool mpi = cfg.communication_backend == sc::comm_backend_kind::mpi;
         return strata::train::train_on_ranks<trainer_t>(make_mlp(), cfg, [&](trainer_t& run) {
-          strata::train::attach_gradient_fault(run);
-          if (mpi) {
-            examples::prints_summary() = run.rank() == 0;
-          }
+          examples::prepare(run, cfg);
           if (run.rank() == 0) {
             std::printf(
                 "fashion_mnist_local_sgd: %zu parameters, %d rank(s), parameters averaged "

@@ -73,17 +73,22 @@ inline void print_summary(const strata::train::fit_summary& s,
 // summary. Example 01 compiles every data-parallel policy, example 02 data<all_reduce> only.
 using strata::train::data_parallel_menu;
 
+// What every example does to a trainer before training: the fault suite's gradient fault, and
+// under MPI the summary printed by rank 0 alone.
+template <class Trainer>
+void prepare(Trainer& run, const strata::config::train_config& cfg) {
+  strata::train::attach_gradient_fault(run);
+  if (cfg.world_size > 1 && cfg.communication_backend == strata::config::comm_backend_kind::mpi) {
+    prints_summary() = run.rank() == 0;  // one trainer per process: no other thread writes it
+  }
+}
+
 template <data_parallel_menu Menu = data_parallel_menu::every_policy, class Model, class Train>
 strata::train::fit_summary train_as_configured(const Model& model,
                                                const strata::config::train_config& cfg,
                                                Train&& train) {
-  const bool mpi =
-      cfg.world_size > 1 && cfg.communication_backend == strata::config::comm_backend_kind::mpi;
   return strata::train::train_as_configured<Menu>(model, cfg, [&](auto& run) {
-    strata::train::attach_gradient_fault(run);
-    if (mpi) {
-      prints_summary() = run.rank() == 0;  // one trainer per process: no other thread writes it
-    }
+    prepare(run, cfg);
     return train(run);
   });
 }

@@ -198,9 +198,6 @@ class local_executor {
 
   void end_fit(std::uint64_t) {}
 
-  // This rank's optimizer state.
-  std::span<const float> optimizer_state() const noexcept { return std::as_const(state_).span(); }
-
  protected:
   // The optimizer state of `shard` parameters, zeroed.
   void allocate_state(std::size_t shard) {
