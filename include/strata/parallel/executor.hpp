@@ -66,6 +66,16 @@ struct precision_ops {
   dtype compute = dtype::float32;  // the compute copy's type
 };
 
+// The operations of precision policy `p` (precision/concepts.hpp); `p` outlives them.
+template <class Precision>
+precision_ops precision_ops_of(Precision& p) {
+  return {.round = [&p](std::span<float> g) { p.store(g); },
+          .finite = [&p](std::span<const float> g) { return p.finite(g); },
+          .to_master = [&p](std::span<float> g, double scale) { return p.to_master(g, scale); },
+          .skips_steps = Precision::skips_steps,
+          .compute = Precision::compute_dtype};
+}
+
 // What the trainer hands an executor.
 struct step_context {
   comm::any_comm* comm = nullptr;  // every rank of the job; null on one rank

@@ -47,6 +47,18 @@ inline model::gemm_decision choose_gemm(const config::train_config& cfg) {
   }
 }
 
+// The GEMM's provider (choose_gemm) and threads, for the whole process: blas_threads when set,
+// else the environment's, else the usable CPUs shared by `ranks_sharing_cpus` ranks.
+inline model::gemm_decision set_up_gemm(const config::train_config& cfg, int ranks_sharing_cpus) {
+  model::gemm_decision d = choose_gemm(cfg);
+  if (cfg.blas_threads != 0) {
+    model::set_blas_threads(static_cast<int>(cfg.blas_threads));
+  } else if (!model::blas_threads_from_environment()) {
+    model::set_blas_threads(model::automatic_blas_threads(ranks_sharing_cpus));
+  }
+  return d;
+}
+
 // The log's first lines on compute: the GEMM provider, its kernels, its threads and its GFLOP/s
 // on one product the size of the step's largest (batch x the largest weight tensor), then what
 // the choice skipped and how to fix it; and with 16-bit storage, how its products run.

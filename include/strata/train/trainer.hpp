@@ -9,51 +9,24 @@
 //   auto summary = run.fit(train_set, augmentation, test_set, test_transform);
 //
 // Policy slots (core/policy.hpp), one per family, in any order; a family not named keeps its
-// default:
-//   batch      any batch_policy (batch/concepts.hpp): batch::fixed (default);
-//              batch::accumulate (gradient_accumulation_steps micro-batches per optimizer step);
-//              batch::adaptive (the micro-batch follows a memory budget, the samples per step
-//              stay as configured); or the user's own. The policy says how many loader batches
-//              each step takes and runs each through the trainer's step_runner.
-//   precision  any precision_policy (precision/concepts.hpp): precision::fp32 (default);
-//              precision::fp16 (float16 with the dynamic loss scaler) and precision::bf16
-//              (bfloat16), aliases of precision::mixed<T, Scaler>: a 16-bit compute copy of the
-//              parameters, float32 master weights; or the user's own. The policy holds the
-//              parameters forward sees, stores the gradients, and decides each step by a vote
-//              of the ranks.
-//   parallel   any parallel_policy (parallel/concepts.hpp): parallel::single_rank (default);
-//              parallel::data<Sync, Compressor>: all_reduce or hierarchical (optionally
-//              compress::cast<float16 | bfloat16>), all_gather with compress::topk,
-//              parameter_server (optionally compress::topk); parallel::zero1 (the optimizer state
-//              sharded over the ranks); or the user's own. Its executor (parallel/executor.hpp)
-//              does the policy's part of each step: the gradients' synchronisation, the update,
-//              the skip vote, the optimizer state in checkpoints, a server role. A distributed
-//              trainer takes this rank's communicator (comm::any_comm) at construction, which is
-//              collective.
-//   loss       any loss (model/loss.hpp): model::softmax_cross_entropy (default), which takes a
-//              1x1xclasses output; or the user's own, for outputs of any shape it takes.
-// The configuration must name the same policies, and a key of a policy not chosen is refused:
-// config_error, naming the key.
+// default. Each is a contract a user's type may implement (docs/extending.md): batch
+// (batch/concepts.hpp; fixed by default), precision (precision/concepts.hpp; fp32), parallel
+// (parallel/concepts.hpp; single_rank; a distributed one takes this rank's comm::any_comm at
+// construction, which is collective) and loss (model/loss.hpp; softmax_cross_entropy). The
+// configuration must name the same policies; a key of a policy not chosen is a config_error.
 //
-// One step: zero the gradients; for each micro-batch, take the loader's next batch (data time),
-// forward in training mode, the loss (softmax cross-entropy by default) with its gradient
-// scaled by 1 / (samples of the step), backward (compute time); the executor's synchronize (data
-// parallel: the gradients averaged, bucket by bucket during the last backward where the policy
-// allows; comm time); the precision policy unscales and checks them, and the step is skipped on
-// every rank that votes when they are not finite; else the executor's update (one optimizer update
-// per parameter tensor at the schedule's rate). Evaluation after every epoch. Checkpoints
-// (train/checkpoint.hpp) every checkpoint_interval epochs, after the last epoch and when max_steps
-// stops a run, into the run's own directory checkpoint_dir/<run name> (train/run.hpp); unless
-// resume = false, fit() continues that run's newest valid one as docs/train.md, "Checkpoints",
-// says. A resumed run restores the parameters, the optimizer and loss-scaler state, the step and
-// the loader's position, so that it matches an uninterrupted run bit for bit (not with
-// parameter_server_async, whose runs are not repeatable).
+// The trainer keeps the epochs, the loader, evaluation, metrics, progress, callbacks and the
+// checkpoint cadence and files. One step: fresh gradients; the batch policy's micro-batches
+// (forward, loss scaled by 1 / samples of the step, backward); the executor's synchronize; the
+// precision policy's check and vote (a step skipped on every rank, or the executor's update).
+// Checkpoints every checkpoint_interval epochs, after the last one and when max_steps stops a
+// run, in checkpoint_dir/<run name> (train/run.hpp); fit() continues that run's newest valid one
+// unless resume = false, bit for bit as an uninterrupted run (docs/train.md, "Checkpoints").
 
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
-#include <cstdio>
 #include <functional>
 #include <optional>
 #include <span>
@@ -69,21 +42,17 @@
 #include "strata/batch/fixed.hpp"
 #include "strata/comm/any_comm.hpp"
 #include "strata/config/train_config.hpp"
-#include "strata/config/validate.hpp"
 #include "strata/core/error.hpp"
 #include "strata/core/host.hpp"
 #include "strata/core/policy.hpp"
-#include "strata/core/round.hpp"
 #include "strata/data/concepts.hpp"
 #include "strata/data/prefetch_loader.hpp"
 #include "strata/data/sampler.hpp"
 #include "strata/data/subset.hpp"
-#include "strata/model/blas.hpp"
 #include "strata/model/concepts.hpp"
 #include "strata/model/param_store.hpp"
 #include "strata/model/softmax_cross_entropy.hpp"
 #include "strata/optim/any_optimizer.hpp"
-#include "strata/optim/lr_schedule.hpp"
 #include "strata/parallel/data.hpp"
 #include "strata/parallel/executor.hpp"
 #include "strata/parallel/single_rank.hpp"
@@ -91,13 +60,12 @@
 #include "strata/precision/loss_scaler.hpp"
 #include "strata/precision/mixed.hpp"
 #include "strata/train/checkpoint.hpp"
-#include "strata/train/checkpoint_state.hpp"
 #include "strata/train/compute.hpp"
-#include "strata/train/estimate_memory.hpp"
-#include "strata/train/launch_check.hpp"
+#include "strata/train/fit_run.hpp"
 #include "strata/train/metrics.hpp"
 #include "strata/train/progress.hpp"
 #include "strata/train/run.hpp"
+#include "strata/train/step_runner.hpp"
 #include "strata/train/trainer_support.hpp"
 
 namespace strata::train {
@@ -147,49 +115,30 @@ class trainer {
         cfg_(std::move(cfg)),
         options_(options),
         comm_(comm),
-        params_(make_store(model_, executor_type::shards(cfg_, comm ? comm->size() : 1))),
-        optimizer_(checked_optimizer(cfg_, comm ? comm->size() : 1, comm ? comm->rank() : 0,
-                                     options.independent_processes)),
+        params_(fresh_store()),
+        optimizer_(detail::checked_optimizer<batch_policy, precision_policy, parallel_policy>(
+            cfg_, comm ? comm->size() : 1, comm ? comm->rank() : 0, options.independent_processes)),
         batch_(cfg_),
         precision_(cfg_) {
     loss_.check_output(model_.output_shape());
     params_.initialize(static_cast<std::uint64_t>(cfg_.seed));
     run_ = make_run_identity(
         cfg_, params_, to_string(model_.input_shape()) + " -> " + to_string(model_.output_shape()),
-        std::string(batch_policy::name) + ", " + std::string(precision_policy::name) +
-            (precision_policy::scales_loss ? " with a loss scaler" : "") + ", " +
-            std::string(parallel_policy::name) +
-            (std::is_same_v<loss_type, model::softmax_cross_entropy>
-                 ? std::string()
-                 : ", loss " + std::string(loss_type::name)));
-    // The GEMM's provider and threads, for the whole process (every rank of comm::threads sets
-    // the same before the collective broadcast below).
-    gemm_ = detail::choose_gemm(cfg_);
-    if (cfg_.blas_threads != 0) {
-      model::set_blas_threads(static_cast<int>(cfg_.blas_threads));
-    } else if (!model::blas_threads_from_environment()) {
-      model::set_blas_threads(
-          model::automatic_blas_threads(comm_ ? comm_->ranks_sharing_cpus() : 1));
-    }
-    precision_.prepare(
-        [&] { return make_store(model_, executor_type::shards(cfg_, comm_ ? comm_->size() : 1)); });
+        detail::policies_description<batch_policy, precision_policy, parallel_policy, loss_type>());
+    // For the whole process (every rank of comm::threads sets the same before the broadcast).
+    gemm_ = detail::set_up_gemm(cfg_, comm_ ? comm_->ranks_sharing_cpus() : 1);
+    precision_.prepare([this] { return fresh_store(); });
     if (comm_) {
       // Every rank runs the same settings and model before anything moves or is written.
       check_ranks_agree(*comm_, run_);
       comm_->broadcast(params_.values().data(), params_.size(), dtype::float32, 0);
     }
-    exec_.emplace(parallel::step_context{
-        .comm = comm_ ? &*comm_ : nullptr,
-        .master = params_,
-        .compute = compute_params(),
-        .optimizer = optimizer_,
-        .cfg = cfg_,
-        .precision = {.round = [this](std::span<float> g) { precision_.store(g); },
-                      .finite = [this](std::span<const float> g) { return precision_.finite(g); },
-                      .to_master = [this](std::span<float> g,
-                                          double scale) { return precision_.to_master(g, scale); },
-                      .skips_steps = precision_policy::skips_steps,
-                      .compute = compute_dtype}});
+    exec_.emplace(parallel::step_context{.comm = comm_ ? &*comm_ : nullptr,
+                                         .master = params_,
+                                         .compute = compute_params(),
+                                         .optimizer = optimizer_,
+                                         .cfg = cfg_,
+                                         .precision = parallel::precision_ops_of(precision_)});
   }
 
  public:
@@ -254,7 +203,7 @@ class trainer {
     if (exec_->serves()) {
       return serve();
     }
-    fit_run<TrainSet, Augment> run(*this, train, augment);
+    fit_run<trainer, TrainSet, Augment> run(*this, train, augment);
     const auto test_now = [&] { return evaluate(test, test_transform); };
     while (run.epoch < run.epochs && train_epoch(run, test_now)) {
     }
@@ -264,16 +213,8 @@ class trainer {
       run.summary.test_loss = ev.loss;
       run.summary.test_accuracy = ev.accuracy;
     }
-    run.summary.epochs_done = run.epoch;
-    run.summary.steps = step_;
-    run.summary.skipped_steps = skipped_steps_;
-    run.summary.steps_this_run = step_ - run.start_step;
-    run.summary.samples_per_second =
-        run.train_seconds > 0.0 ? static_cast<double>(run.train_samples) / run.train_seconds : 0.0;
-    run.summary.wall_seconds = seconds_since(run.begin);
-    run.summary.params_xxh3 = xxh3_hex(params_.values());
     exec_->end_fit(step_);
-    return run.summary;
+    return run.finish(step_, skipped_steps_, xxh3_hex(params_.values()));
   }
 
   // Loss and accuracy of the current parameters on `test` (the first max_eval_samples).
@@ -288,47 +229,18 @@ class trainer {
     if (eval_work_.capacity() < batch) {
       eval_work_ = model_.make_workspace(batch);
     }
-    const std::size_t classes = model_.output_shape().elements();
-    eval_result out;
-    double loss_sum = 0.0;
-    std::size_t correct = 0;
     cast_to_compute();
-    loader.start_epoch(0);
-    while (auto b = loader.next()) {
-      const auto logits = model_.forward(eval_work_, compute_params(), b->inputs, b->size,
-                                         {.training = false,
-                                          .seed = static_cast<std::uint64_t>(cfg_.seed),
-                                          .step = 0,
-                                          .sample_ids = {},
-                                          .storage = compute_dtype});
-      const model::loss_result r = loss_.evaluate({.batch = b->size,
-                                                   .classes = classes,
-                                                   .logits = logits,
-                                                   .labels = b->labels,
-                                                   .grad_logits = {},
-                                                   .grad_scale = 1.0f});
-      loss_sum += r.loss_sum;
-      correct += r.correct;
-      out.samples += b->size;
-    }
+    const eval_result out =
+        detail::evaluate_batches(model_, eval_work_, compute_params(), loss_, loader,
+                                 static_cast<std::uint64_t>(cfg_.seed), compute_dtype);
     if constexpr (batch_policy::frees_evaluation_memory) {
       eval_work_ = typename Model::workspace_type{};  // the memory goes back to training
-    }
-    if (out.samples > 0) {
-      out.loss = loss_sum / static_cast<double>(out.samples);
-      out.accuracy = static_cast<double>(correct) / static_cast<double>(out.samples);
     }
     return out;
   }
 
  private:
   using clock = std::chrono::steady_clock;
-
-  struct resume_point {
-    std::uint64_t epoch = 0;
-    std::uint64_t next_batch = 0;
-    std::string name{};
-  };
 
   static double seconds_since(clock::time_point t) {
     return std::chrono::duration<double>(clock::now() - t).count();
@@ -357,238 +269,21 @@ class trainer {
     }
   }
 
-  // The training workspace, with activation checkpointing when the model offers it.
-  auto training_workspace(std::size_t capacity) const {
-    const auto every = static_cast<std::size_t>(cfg_.activation_checkpoint_every);
-    if constexpr (requires { model_.make_workspace(capacity, model::workspace_config{}); }) {
-      return model_.make_workspace(capacity, model::workspace_config{.checkpoint_every = every});
-    } else {
-      if (every != 0) {
-        throw config_error(
-            {.key = "activation_checkpoint_every", .file = {}, .line = 0, .column = 0},
-            "this model does not offer activation checkpointing");
-      }
-      return model_.make_workspace(capacity);
-    }
+  using runner_type = step_runner<Model, loss_type, batch_policy, precision_policy>;
+  template <class, class, class>
+  friend struct fit_run;  // sets one fit() up (train/fit_run.hpp)
+
+  typename runner_type::parts runner_parts() {
+    return {.model = model_,
+            .loss = loss_,
+            .precision = precision_,
+            .master = params_,
+            .cfg = cfg_,
+            .step = step_,
+            .memory_budget = memory_budget(),
+            .optimizer_state_per_parameter = optimizer_.state_per_parameter(),
+            .group = group()};
   }
-
-  // Validates the configuration, refuses what this trainer does not run, and makes the optimizer.
-  static optim::any_optimizer checked_optimizer(const config::train_config& cfg_, int world,
-                                                int rank, bool independent_processes) {
-    config::validate(cfg_);
-    parallel_policy::check_config(cfg_, world, rank);
-    detail::refuse_optimizer_bounds(cfg_);
-    batch_policy::check_config(cfg_);
-    precision_policy::check_config(cfg_);
-    if (!independent_processes) {
-      detail::refuse_launch_mismatch(distributed, cfg_, detect_launch());
-    }
-    return optim::make_optimizer(detail::optimizer_choice(cfg_));
-  }
-
-  using workspace = typename Model::workspace_type;
-
-  // The trainer's side of a step as the batch policy sees it (batch::step_runner,
-  // batch/concepts.hpp): one per fit(), holding the training workspace. It refuses what the
-  // contract rules out: a micro-step after the step's last one, more samples than a loader batch.
-  class step_runner {
-   public:
-    step_runner(trainer& t, buffer<float>& grad_logits, std::size_t classes,
-                parallel::bucket_reducer* reducer, progress& bar)
-        : t_(t), grad_logits_(grad_logits), classes_(classes), reducer_(reducer), bar_(bar) {}
-
-    // Before a step's first micro-step: the scale of its gradients (loss scale / samples).
-    void begin_step(float grad_scale) noexcept {
-      grad_scale_ = grad_scale;
-      ended_ = false;
-      overlapped_ = false;
-    }
-    // Whether the step's last backward started the gradient buckets.
-    bool overlapped() const noexcept { return overlapped_; }
-
-    model::loss_result micro_step(const batch::samples& b, bool last) {
-      if (ended_) {
-        throw error("batch policy " + std::string(batch_policy::name) +
-                    ": a micro-step after the step's last one (last = true) at step " +
-                    std::to_string(t_.step_));
-      }
-      if (b.size * classes_ > grad_logits_.size()) {
-        throw std::invalid_argument("batch policy " + std::string(batch_policy::name) +
-                                    ": a micro-step of " + std::to_string(b.size) +
-                                    " samples, more than a loader batch");
-      }
-      if (work_.capacity() < b.size) {
-        set_workspace(b.size);
-      }
-      ended_ = last;
-      overlapped_ = last && reducer_ != nullptr;
-      return t_.micro_step(b, work_, grad_logits_, classes_, grad_scale_,
-                           overlapped_ ? reducer_ : nullptr);
-    }
-    void restart() {
-      if (ended_) {
-        throw error("batch policy " + std::string(batch_policy::name) +
-                    ": restart() after the step's last micro-step at step " +
-                    std::to_string(t_.step_));
-      }
-      t_.compute_params().discard_grads();
-    }
-    void set_workspace(std::size_t samples) {
-      work_ = workspace{};
-      if (samples > 0) {
-        work_ = t_.training_workspace(samples);
-      }
-    }
-    std::size_t workspace_capacity() const { return work_.capacity(); }
-    std::uint64_t step() const { return t_.step_; }
-    std::size_t memory_budget() const { return t_.memory_budget(); }
-    memory_tracker& memory() { return host{}.memory(); }
-    std::size_t activation_bytes(std::size_t micro) const {
-      const estimate_options options{
-          .optimizer_state_per_parameter = t_.optimizer_.state_per_parameter(),
-          .checkpoint_every = static_cast<std::size_t>(t_.cfg_.activation_checkpoint_every),
-          .layout = memory_layout::host};
-      return estimate_memory<precision_policy>(t_.model_, micro, options).activations;
-    }
-    // The minimum over the ranks that step together (one all_reduce of an int64).
-    std::size_t agree_min(std::size_t value) {
-      comm::any_comm* const g = t_.group();
-      if (g == nullptr) {
-        return value;
-      }
-      const auto mine = static_cast<std::int64_t>(value);
-      std::int64_t agreed = 0;
-      g->all_reduce(&mine, &agreed, 1, dtype::int64, comm::reduce_op::min);
-      return static_cast<std::size_t>(agreed);
-    }
-    void message(std::string line) { bar_.message(line); }
-
-   private:
-    trainer& t_;
-    buffer<float>& grad_logits_;
-    std::size_t classes_;
-    parallel::bucket_reducer* reducer_;
-    progress& bar_;
-    workspace work_{};
-    float grad_scale_ = 1.0f;
-    bool ended_ = false;
-    bool overlapped_ = false;
-  };
-
-  // Forward, loss and backward of one micro-batch, adding its gradients (scaled by grad_scale)
-  // into the param_store.
-  model::loss_result micro_step(const batch::samples& b, workspace& work,
-                                buffer<float>& grad_logits, std::size_t classes, float grad_scale,
-                                parallel::bucket_reducer* reducer = nullptr) {
-    static_assert(std::is_same_v<std::size_t, std::uint64_t>,
-                  "trainer: sample ids are passed as dataset indices (size_t == uint64_t)");
-    model::param_store& p = compute_params();
-    const auto logits = model_.forward(work, p, b.inputs, b.size,
-                                       {.training = true,
-                                        .seed = static_cast<std::uint64_t>(cfg_.seed),
-                                        .step = static_cast<std::uint32_t>(step_),
-                                        .sample_ids = std::span<const std::uint64_t>(b.indices),
-                                        .storage = compute_dtype});
-    const std::span<float> grad(grad_logits.data(), b.size * classes);
-    const model::loss_result loss = loss_.evaluate({.batch = b.size,
-                                                    .classes = classes,
-                                                    .logits = logits,
-                                                    .labels = b.labels,
-                                                    .grad_logits = grad,
-                                                    .grad_scale = grad_scale});
-    if (reducer != nullptr) {
-      // The buckets start as backward completes them; the reducer rounds each through the
-      // compute type as it starts.
-      // The memory backward is about to write: the reducer reads each bucket only once
-      // backward reports it complete.
-      reducer->begin(p.grads_to_write());
-      if constexpr (requires {
-                      model_.backward(
-                          work, p, grad, [](std::size_t) {}, [](std::size_t, std::size_t) {},
-                          std::size_t{});
-                    }) {
-        // Large layers also report parts of their gradients, for the buckets cut out of them.
-        model_.backward(
-            work, p, grad, [reducer](std::size_t layer) { reducer->group_done(layer); },
-            [reducer](std::size_t layer, std::size_t n) { reducer->part_done(layer, n); },
-            reducer->part_elements());
-      } else if constexpr (requires { model_.backward(work, p, grad, [](std::size_t) {}); }) {
-        model_.backward(work, p, grad,
-                        [reducer](std::size_t layer) { reducer->group_done(layer); });
-      } else {
-        model_.backward(work, p, grad);
-      }
-      return loss;
-    }
-    model_.backward(work, p, grad);
-    precision_.store(p.grads());  // as the compute type holds them
-    return loss;
-  }
-
-  // What one fit() holds: this rank's loader, the schedule, the checkpoint store, the progress,
-  // the metrics file, the step runner, and where the run stands. Set up in the order the log
-  // shows it: the compute lines, then the resume.
-  template <class TrainSet, class Augment>
-  struct fit_run {
-    using loader_type = data::prefetch_loader<data::subset<TrainSet>, Augment>;
-
-    fit_run(trainer& t, const TrainSet& train, const Augment& augment)
-        : view(train, static_cast<std::size_t>(t.cfg_.max_train_samples)),
-          micro_batch(t.loader_batch()),
-          loader(view, augment, t.training_sampler(view.size()), t.loader_settings(false)),
-          store({.dir = t.run_.directory,
-                 .keep = static_cast<std::size_t>(t.cfg_.checkpoint_keep),
-                 .config_hash = t.run_.fingerprint}),
-          bar({.enabled = t.options_.print_progress && t.rank() == 0,
-               .log_every = static_cast<std::uint64_t>(t.cfg_.log_every),
-               .terminal = t.options_.terminal,
-               .out = t.options_.progress_out}),
-          grad_logits(micro_batch * t.model_.output_shape().elements()),
-          runner(t, grad_logits, t.model_.output_shape().elements(), t.exec_->begin_fit(), bar) {
-      t.check_input_shape(data::dataset_traits<data::subset<TrainSet>>::shape(view), augment,
-                          "training");
-      // The batch policy sizes the loader batches and says how many of them each optimizer
-      // step takes (the epoch's last step may take fewer); the schedule and the progress count
-      // steps of the size it gives late in training.
-      const std::size_t steady = std::max<std::size_t>(
-          1, t.batch_.loader_batches(std::numeric_limits<std::uint64_t>::max()));
-      steps_per_epoch = (loader.batches_per_epoch() + steady - 1) / steady;
-      if (steps_per_epoch == 0) {
-        throw config_error({.key = "batch_size_per_gpu", .file = {}, .line = 0, .column = 0},
-                           "the training set's " + std::to_string(view.size()) +
-                               " samples make no batch of " +
-                               std::to_string(t.cfg_.batch_size_per_gpu) + " (drop_last is on)");
-      }
-      epochs = static_cast<std::uint64_t>(t.cfg_.epochs);
-      schedule = optim::make_lr_schedule(detail::schedule_config(t.cfg_, steps_per_epoch));
-      t.log_compute(bar, micro_batch);
-      summary.run_directory = t.run_.directory.string();
-      t.start_or_resume(*this);
-      start_step = t.step_;
-      metrics = metrics_writer(t.rank() == 0 ? t.cfg_.metrics_file : std::string(),
-                               !summary.resumed_from.empty());
-      t.batch_.begin(runner);
-    }
-
-    const clock::time_point begin = clock::now();
-    const data::subset<TrainSet> view;
-    const std::size_t micro_batch;  // samples per loader batch
-    loader_type loader;
-    checkpoint_store store;
-    progress bar;
-    buffer<float> grad_logits;
-    step_runner runner;
-    std::uint64_t start_step = 0;  // the step this fit() started at, after resuming
-    std::uint64_t steps_per_epoch = 0;
-    std::uint64_t epochs = 0;
-    optim::any_lr_schedule schedule{};
-    metrics_writer metrics{};
-    fit_summary summary{};
-    std::uint64_t epoch = 0;        // epochs done
-    std::uint64_t first_batch = 0;  // of the next epoch (a mid-epoch resume)
-    double train_seconds = 0.0;     // this run's training time and samples
-    std::size_t train_samples = 0;
-  };
 
   // A fresh run, or the newest checkpoint of this run continued (resume), said in the log.
   template <class Run>
@@ -612,79 +307,14 @@ class trainer {
     }
   }
 
-  // This rank's shard of the training samples (the executor's data_shard), reshuffled every
-  // epoch.
-  data::distributed_sampler training_sampler(std::size_t samples) const {
-    const parallel::data_shard_of shard = exec_->data_shard();
-    return data::distributed_sampler(
-        {.dataset_size = samples,
-         .ranks = shard.shards,
-         .rank = shard.index,
-         .seed = static_cast<std::uint64_t>(cfg_.seed),
-         .shuffle = true,
-         .remainder = cfg_.sampler_remainder == config::sampler_remainder_kind::pad
-                          ? data::remainder_policy::pad
-                          : data::remainder_policy::drop});
-  }
-
-  // The log's compute lines (train/compute.hpp), on rank 0 with progress on.
-  void log_compute(progress& bar, std::size_t micro_batch) const {
-    if (!options_.print_progress || rank() != 0) {
-      return;
-    }
-    std::size_t rows = 1;
-    std::size_t cols = 1;
-    for (const model::param_entry& e : params_.entries()) {
-      if (e.spec.rows * e.spec.cols > rows * cols) {
-        rows = e.spec.rows;
-        cols = e.spec.cols;
-      }
-    }
-    for (const std::string& line :
-         detail::compute_log(gemm_, micro_batch, rows, cols, to_string(compute_dtype))) {
-      bar.message(line);
-    }
-  }
-
-  // An epoch's running sums: its metrics so far and the part before the checkpoint it resumed
-  // from.
-  struct epoch_totals {
-    epoch_metrics metrics{};
-    double loss_sum = 0.0;
-    std::size_t correct = 0;
-    double seconds_before = 0.0;  // of this epoch, before the checkpoint it resumed from
-    std::size_t samples_before = 0;
-
-    void add(const step_metrics& sm, const parallel::step_totals& all) {
-      loss_sum += all.loss_sum;
-      correct += static_cast<std::size_t>(all.correct);
-      metrics.steps += 1;
-      metrics.skipped_steps += sm.skipped ? 1 : 0;
-      metrics.samples += sm.samples;
-      metrics.data_seconds += sm.data_seconds;
-      metrics.compute_seconds += sm.compute_seconds;
-      metrics.comm_seconds += sm.comm_seconds;
-    }
-    detail::epoch_so_far so_far() const {
-      return {.loss_sum = loss_sum,
-              .correct = correct,
-              .steps = metrics.steps,
-              .samples = metrics.samples,
-              .skipped_steps = metrics.skipped_steps,
-              .seconds = metrics.seconds,
-              .data_seconds = metrics.data_seconds,
-              .compute_seconds = metrics.compute_seconds,
-              .comm_seconds = metrics.comm_seconds};
-    }
-  };
-
   // One epoch from run.first_batch: its steps, then (unless max_steps stopped it) the
   // evaluation, the epoch's metrics and the checkpoint the cadence asks for. Returns whether
   // training goes on.
   template <class Run, class Evaluate>
   bool train_epoch(Run& run, const Evaluate& test_now) {
     run.loader.start_epoch(static_cast<std::uint32_t>(run.epoch), run.first_batch);
-    epoch_totals e = epoch_start(run);
+    detail::epoch_totals e =
+        detail::epoch_totals::start(run.epoch, run.first_batch > 0 ? &resumed_so_far_ : nullptr);
     const auto epoch_begin = clock::now();
     bool stopped = false;
     while (!stopped && run.loader.next_batch() < run.loader.batches_per_epoch()) {
@@ -719,30 +349,10 @@ class trainer {
     return true;
   }
 
-  // The epoch's sums: zero, or (a mid-epoch resume) those of the checkpoint.
-  template <class Run>
-  epoch_totals epoch_start(const Run& run) const {
-    epoch_totals e{.metrics = {.epoch = run.epoch}};
-    if (run.first_batch > 0) {
-      const detail::epoch_so_far& s = resumed_so_far_;
-      e.loss_sum = s.loss_sum;
-      e.correct = static_cast<std::size_t>(s.correct);
-      e.metrics.steps = s.steps;
-      e.metrics.samples = static_cast<std::size_t>(s.samples);
-      e.metrics.skipped_steps = s.skipped_steps;
-      e.metrics.data_seconds = s.data_seconds;
-      e.metrics.compute_seconds = s.compute_seconds;
-      e.metrics.comm_seconds = s.comm_seconds;
-      e.seconds_before = s.seconds;
-      e.samples_before = e.metrics.samples;
-    }
-    return e;
-  }
-
   // After an epoch's last step: the evaluation, the epoch's metrics and callbacks, and the
   // checkpoint after the last epoch, every checkpoint_interval epochs, and at max_steps.
   template <class Run, class Evaluate>
-  void end_epoch(Run& run, epoch_totals& e, const Evaluate& test_now) {
+  void end_epoch(Run& run, detail::epoch_totals& e, const Evaluate& test_now) {
     epoch_metrics& em = e.metrics;
     const auto samples = static_cast<double>(em.samples);
     em.train_loss = em.samples == 0 ? 0.0 : e.loss_sum / samples;
@@ -874,38 +484,28 @@ class trainer {
     return true;
   }
 
+  // An uninitialised parameter store, sharded as the executor asks.
+  model::param_store fresh_store() const {
+    return detail::make_param_store(model_, executor_type::shards(cfg_, comm_ ? comm_->size() : 1),
+                                    parallel_policy::name);
+  }
+
+  // This run's checkpoint directory, keeping checkpoint_keep of them.
+  checkpoint_store checkpoints() const {
+    return checkpoint_store({.dir = run_.directory,
+                             .keep = static_cast<std::size_t>(cfg_.checkpoint_keep),
+                             .config_hash = run_.fingerprint});
+  }
+
   // The ranks that train together (null on one rank).
   comm::any_comm* group() const noexcept { return exec_ ? exec_->group() : nullptr; }
-
-  // The parameter store, padded to `shards` equal shards when the executor shards the optimizer
-  // state.
-  static model::param_store make_store(const Model& m, int shards) {
-    if (shards <= 1) {
-      return m.make_params();
-    }
-    if constexpr (requires { m.make_params(model::param_store_config{}); }) {
-      return m.make_params(
-          model::param_store_config{.size_multiple = static_cast<std::size_t>(shards) * 16});
-    } else {
-      throw std::invalid_argument(
-          std::string("parallel policy ") + std::string(parallel_policy::name) +
-          " cuts the parameters into " + std::to_string(shards) +
-          " shards: the model's make_params must take a param_store_config (sequential's "
-          "does), to pad them to equal shards");
-    }
-  }
 
   // A rank that serves (dedicated parameter servers): resume its part when asked to, then the
   // executor serves until the workers say finish.
   fit_summary serve() {
     const auto begin = clock::now();
-    checkpoint_store store({.dir = run_.directory,
-                            .keep = static_cast<std::size_t>(cfg_.checkpoint_keep),
-                            .config_hash = run_.fingerprint});
-    progress quiet({.enabled = false,
-                    .log_every = 1,
-                    .terminal = options_.terminal,
-                    .out = options_.progress_out});
+    checkpoint_store store = checkpoints();
+    progress quiet({.enabled = false});
     fit_summary summary;
     summary.run_directory = run_.directory.string();
     if (cfg_.resume != config::resume_mode::never) {
@@ -947,45 +547,17 @@ class trainer {
          .params_xxh3 = xxh3_hex(params_.values()),
          .run = run_.to_json(),
          .so_far = so_far});
-    std::vector<checkpoint_blob> blobs = {
-        {.name = "rank-0.params.bin", .bytes = std::as_bytes(std::as_const(params_).values())}};
-    for (const parallel::state_blob& b : parts) {
-      blobs.push_back({.name = b.name, .bytes = b.bytes});
-    }
-    // Every rank holds the same parameters and optimizer state: rank 0 writes them, and the
-    // others wait until it has (so that a rank never runs ahead of the newest checkpoint).
-    std::string where;
-    if (rank() == 0) {
-      if (set_aside_pending_) {
-        // A run that did not continue its directory's checkpoints keeps them, moved aside.
-        if (const auto to = set_aside(run_.directory)) {
-          bar.message("run " + run_.name + ": the earlier checkpoints of this name are kept in " +
-                      to->string());
-        }
-      }
-      where = store.save({.epoch = epoch, .step = next_batch}, state, blobs).path.string();
-    }
-    set_aside_pending_ = false;
-    if (comm::any_comm* const g = group()) {
-      g->barrier();
-    }
-    bar.message("checkpoint " + where);
+    detail::write_checkpoint(store, {.epoch = epoch, .step = next_batch}, state,
+                             {.params = params_.values(), .executor_blobs = parts}, rank(), group(),
+                             run_, set_aside_pending_, bar);
   }
 
-  std::optional<resume_point> resume(checkpoint_store& store, progress& bar) {
-    std::vector<checkpoint_error> problems;
-    std::optional<loaded_checkpoint> loaded = store.load_latest(&problems);
-    for (const auto& p : problems) {
-      bar.message(std::string("checkpoint skipped: ") + p.what());
-    }
+  std::optional<detail::resume_point> resume(checkpoint_store& store, progress& bar) {
+    std::optional<loaded_checkpoint> loaded = detail::newest_to_continue(store, run_, cfg_, bar);
     if (!loaded) {
-      if (cfg_.resume == config::resume_mode::required) {
-        throw config_error({.key = "resume"}, no_checkpoint_message(run_, problems));
-      }
       return std::nullopt;
     }
     const nlohmann::json& s = loaded->state;
-    detail::check_continues(*loaded, run_, cfg_, bar);
     loaded->copy_blob("rank-0.params.bin", params_.values());
     exec_->restore(
         [&](std::string_view name, std::span<float> into) { loaded->copy_blob(name, into); });
@@ -995,9 +567,9 @@ class trainer {
     skipped_steps_ = s.contains("skipped_steps") ? s.at("skipped_steps").get<std::uint64_t>() : 0;
     batch_.restore(detail::batch_state_from_json(s));
     resumed_so_far_ = detail::epoch_so_far_from_json(s);
-    resume_point point{.epoch = s.at("epoch").get<std::uint64_t>(),
-                       .next_batch = s.at("next_batch").get<std::uint64_t>(),
-                       .name = loaded->info.name};
+    detail::resume_point point{.epoch = s.at("epoch").get<std::uint64_t>(),
+                               .next_batch = s.at("next_batch").get<std::uint64_t>(),
+                               .name = loaded->info.name};
     bar.message("run " + run_.name + ": resumed from " + loaded->info.path.string() + " (step " +
                 std::to_string(step_) + ")");
     return point;

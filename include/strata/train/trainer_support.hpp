@@ -4,13 +4,19 @@
 // What the trainer (train/trainer.hpp) returns and takes besides its configuration, and the
 // configuration checks and mappings it applies before training: fit()'s summary, evaluation
 // results, trainer_options, the parameters' hash, whether a checkpoint may be continued, the
-// optimizer's bounds, and the optimizer and learning-rate schedule a configuration names.
+// optimizer's bounds, and the optimizer and learning-rate schedule a configuration names; an
+// epoch's running sums; the parameter store as the executor shards it; writing a checkpoint
+// and finding the newest one to continue.
 
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <optional>
 #include <span>
+#include <stdexcept>
 #include <string>
+#include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -19,11 +25,19 @@
 #endif
 #include <xxhash.h>
 
+#include "strata/comm/any_comm.hpp"
 #include "strata/config/train_config.hpp"
+#include "strata/config/validate.hpp"
 #include "strata/core/error.hpp"
+#include "strata/model/param_store.hpp"
+#include "strata/model/softmax_cross_entropy.hpp"
 #include "strata/optim/any_optimizer.hpp"
 #include "strata/optim/lr_schedule.hpp"
+#include "strata/parallel/executor.hpp"
 #include "strata/train/checkpoint.hpp"
+#include "strata/train/checkpoint_state.hpp"
+#include "strata/train/launch_check.hpp"
+#include "strata/train/metrics.hpp"
 #include "strata/train/progress.hpp"
 #include "strata/train/run.hpp"
 
@@ -163,6 +177,169 @@ inline optim::lr_schedule_config schedule_config(const config::train_config& cfg
   const std::uint64_t total = static_cast<std::uint64_t>(cfg_.epochs) * steps_per_epoch;
   s.total_steps = total > warmup ? total - warmup : 1;
   return s;
+}
+
+// An epoch's running sums: its metrics so far and the part before the checkpoint it resumed
+// from.
+struct epoch_totals {
+  epoch_metrics metrics{};
+  double loss_sum = 0.0;
+  std::size_t correct = 0;
+  double seconds_before = 0.0;  // of this epoch, before the checkpoint it resumed from
+  std::size_t samples_before = 0;
+
+  // Epoch `epoch` from its start (no checkpoint inside it), or continuing `s`.
+  static epoch_totals start(std::uint64_t epoch, const epoch_so_far* s) {
+    epoch_totals e{.metrics = {.epoch = epoch}};
+    if (s != nullptr) {
+      e.loss_sum = s->loss_sum;
+      e.correct = static_cast<std::size_t>(s->correct);
+      e.metrics.steps = s->steps;
+      e.metrics.samples = static_cast<std::size_t>(s->samples);
+      e.metrics.skipped_steps = s->skipped_steps;
+      e.metrics.data_seconds = s->data_seconds;
+      e.metrics.compute_seconds = s->compute_seconds;
+      e.metrics.comm_seconds = s->comm_seconds;
+      e.seconds_before = s->seconds;
+      e.samples_before = e.metrics.samples;
+    }
+    return e;
+  }
+
+  void add(const step_metrics& sm, const parallel::step_totals& all) {
+    loss_sum += all.loss_sum;
+    correct += static_cast<std::size_t>(all.correct);
+    metrics.steps += 1;
+    metrics.skipped_steps += sm.skipped ? 1 : 0;
+    metrics.samples += sm.samples;
+    metrics.data_seconds += sm.data_seconds;
+    metrics.compute_seconds += sm.compute_seconds;
+    metrics.comm_seconds += sm.comm_seconds;
+  }
+
+  epoch_so_far so_far() const {
+    return {.loss_sum = loss_sum,
+            .correct = correct,
+            .steps = metrics.steps,
+            .samples = metrics.samples,
+            .skipped_steps = metrics.skipped_steps,
+            .seconds = metrics.seconds,
+            .data_seconds = metrics.data_seconds,
+            .compute_seconds = metrics.compute_seconds,
+            .comm_seconds = metrics.comm_seconds};
+  }
+};
+
+// The policies as the run's identity names them (train/run.hpp): the loss only when it is not
+// the default.
+template <class Batch, class Precision, class Parallel, class Loss>
+std::string policies_description() {
+  std::string text = std::string(Batch::name) + ", " + std::string(Precision::name) +
+                     (Precision::scales_loss ? " with a loss scaler" : "") + ", " +
+                     std::string(Parallel::name);
+  if constexpr (!std::is_same_v<Loss, model::softmax_cross_entropy>) {
+    text += ", loss " + std::string(Loss::name);
+  }
+  return text;
+}
+
+// Validates the configuration, lets each policy check its own keys (a key of a policy not chosen
+// is refused, naming it), refuses a launch the trainer does not span, and makes the optimizer.
+template <class Batch, class Precision, class Parallel>
+optim::any_optimizer checked_optimizer(const config::train_config& cfg, int world, int rank,
+                                       bool independent_processes) {
+  config::validate(cfg);
+  Parallel::check_config(cfg, world, rank);
+  refuse_optimizer_bounds(cfg);
+  Batch::check_config(cfg);
+  Precision::check_config(cfg);
+  if (!independent_processes) {
+    refuse_launch_mismatch(Parallel::distributed, cfg, detect_launch());
+  }
+  return optim::make_optimizer(optimizer_choice(cfg));
+}
+
+// The model's parameter store, padded to `shards` equal shards when the parallel policy
+// (`policy`, for the message) shards the optimizer state.
+template <class Model>
+model::param_store make_param_store(const Model& m, int shards, std::string_view policy) {
+  if (shards <= 1) {
+    return m.make_params();
+  }
+  if constexpr (requires { m.make_params(model::param_store_config{}); }) {
+    return m.make_params(
+        model::param_store_config{.size_multiple = static_cast<std::size_t>(shards) * 16});
+  } else {
+    throw std::invalid_argument(
+        "parallel policy " + std::string(policy) + " cuts the parameters into " +
+        std::to_string(shards) +
+        " shards: the model's make_params must take a param_store_config (sequential's does), "
+        "to pad them to equal shards");
+  }
+}
+
+// Where a resumed run continues: `epoch` epochs done and `next_batch` batches of the next, from
+// the checkpoint `name`.
+struct resume_point {
+  std::uint64_t epoch = 0;
+  std::uint64_t next_batch = 0;
+  std::string name{};
+};
+
+// What one checkpoint holds besides its state: the master parameters and the executor's blobs.
+struct checkpoint_parts {
+  std::span<const float> params;
+  const std::vector<parallel::state_blob>& executor_blobs;
+};
+
+// Rank 0 writes the checkpoint (a fresh run first moves the directory's earlier checkpoints
+// aside, once: `set_aside_pending`); every rank of `group` waits until it has, so that no rank
+// runs ahead of the newest checkpoint. Says where in the log.
+inline void write_checkpoint(checkpoint_store& store, checkpoint_position at,
+                             const nlohmann::json& state, const checkpoint_parts& parts, int rank,
+                             comm::any_comm* group, const run_identity& run,
+                             bool& set_aside_pending, progress& bar) {
+  std::vector<checkpoint_blob> blobs = {
+      {.name = "rank-0.params.bin", .bytes = std::as_bytes(parts.params)}};
+  for (const parallel::state_blob& b : parts.executor_blobs) {
+    blobs.push_back({.name = b.name, .bytes = b.bytes});
+  }
+  std::string where;
+  if (rank == 0) {
+    if (set_aside_pending) {
+      if (const auto to = set_aside(run.directory)) {
+        bar.message("run " + run.name + ": the earlier checkpoints of this name are kept in " +
+                    to->string());
+      }
+    }
+    where = store.save(at, state, blobs).path.string();
+  }
+  set_aside_pending = false;
+  if (group != nullptr) {
+    group->barrier();
+  }
+  bar.message("checkpoint " + where);
+}
+
+// The newest valid checkpoint of the run that `run` may continue (the skipped ones said in the
+// log), or none; none with resume = required is a config_error.
+inline std::optional<loaded_checkpoint> newest_to_continue(checkpoint_store& store,
+                                                           const run_identity& run,
+                                                           const config::train_config& cfg,
+                                                           progress& bar) {
+  std::vector<checkpoint_error> problems;
+  std::optional<loaded_checkpoint> loaded = store.load_latest(&problems);
+  for (const auto& p : problems) {
+    bar.message(std::string("checkpoint skipped: ") + p.what());
+  }
+  if (!loaded) {
+    if (cfg.resume == config::resume_mode::required) {
+      throw config_error({.key = "resume"}, no_checkpoint_message(run, problems));
+    }
+    return std::nullopt;
+  }
+  check_continues(*loaded, run, cfg, bar);
+  return loaded;
 }
 
 }  // namespace detail

@@ -1,0 +1,243 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+// step_runner: the trainer's side of a step as the batch policy sees it (batch::step_runner in
+// batch/concepts.hpp). One per fit(), holding the training workspace and the loss gradient's
+// buffer: each micro_step runs forward in training mode, the loss with its gradient scaled by the
+// step's scale, and backward, adding the parameter gradients into the compute parameters. The
+// step's last backward starts the executor's gradient buckets when it has a reducer.
+//
+// It refuses what the batch contract rules out: a micro-step after the step's last one, more
+// samples than a loader batch, restart() after the last micro-step.
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include "strata/batch/concepts.hpp"
+#include "strata/comm/any_comm.hpp"
+#include "strata/config/train_config.hpp"
+#include "strata/core/error.hpp"
+#include "strata/core/host.hpp"
+#include "strata/model/concepts.hpp"
+#include "strata/model/loss.hpp"
+#include "strata/model/param_store.hpp"
+#include "strata/parallel/data.hpp"
+#include "strata/train/estimate_memory.hpp"
+#include "strata/train/progress.hpp"
+#include "strata/train/trainer_support.hpp"
+
+namespace strata::train {
+
+namespace detail {
+
+// The training workspace for `capacity` samples, with activation checkpointing every `every`
+// layers when the model offers it (else `every` must be 0).
+template <class Model>
+typename Model::workspace_type training_workspace(const Model& m, std::size_t capacity,
+                                                  std::size_t every) {
+  if constexpr (requires { m.make_workspace(capacity, model::workspace_config{}); }) {
+    return m.make_workspace(capacity, model::workspace_config{.checkpoint_every = every});
+  } else {
+    if (every != 0) {
+      throw config_error({.key = "activation_checkpoint_every", .file = {}, .line = 0, .column = 0},
+                         "this model does not offer activation checkpointing");
+    }
+    return m.make_workspace(capacity);
+  }
+}
+
+// Backward of the last forward, starting the reducer's buckets as layers (and the parts of large
+// layers, where the model reports them) complete their gradients.
+template <class Model, class Work>
+void backward_into_buckets(const Model& m, Work& work, model::param_store& p,
+                           std::span<const float> grad, parallel::bucket_reducer& reducer) {
+  // The memory backward is about to write: the reducer reads each bucket only once backward
+  // reports it complete, and rounds it through the compute type as it starts.
+  reducer.begin(p.grads_to_write());
+  if constexpr (requires {
+                  m.backward(
+                      work, p, grad, [](std::size_t) {}, [](std::size_t, std::size_t) {},
+                      std::size_t{});
+                }) {
+    m.backward(
+        work, p, grad, [&reducer](std::size_t layer) { reducer.group_done(layer); },
+        [&reducer](std::size_t layer, std::size_t n) { reducer.part_done(layer, n); },
+        reducer.part_elements());
+  } else if constexpr (requires { m.backward(work, p, grad, [](std::size_t) {}); }) {
+    m.backward(work, p, grad, [&reducer](std::size_t layer) { reducer.group_done(layer); });
+  } else {
+    m.backward(work, p, grad);
+  }
+}
+
+// Loss and accuracy over every batch of `loader` (an epoch from its start): forward in evaluation
+// mode on `params`, then the loss without a gradient.
+template <class Model, class Loss, class Loader>
+eval_result evaluate_batches(const Model& m, typename Model::workspace_type& work,
+                             model::param_store& params, const Loss& loss, Loader& loader,
+                             std::uint64_t seed, dtype storage) {
+  const std::size_t classes = m.output_shape().elements();
+  eval_result out;
+  double loss_sum = 0.0;
+  std::size_t correct = 0;
+  loader.start_epoch(0);
+  while (auto b = loader.next()) {
+    const auto logits = m.forward(
+        work, params, b->inputs, b->size,
+        {.training = false, .seed = seed, .step = 0, .sample_ids = {}, .storage = storage});
+    const model::loss_result r = loss.evaluate({.batch = b->size,
+                                                .classes = classes,
+                                                .logits = logits,
+                                                .labels = b->labels,
+                                                .grad_logits = {},
+                                                .grad_scale = 1.0f});
+    loss_sum += r.loss_sum;
+    correct += r.correct;
+    out.samples += b->size;
+  }
+  if (out.samples > 0) {
+    out.loss = loss_sum / static_cast<double>(out.samples);
+    out.accuracy = static_cast<double>(correct) / static_cast<double>(out.samples);
+  }
+  return out;
+}
+
+}  // namespace detail
+
+template <class Model, class Loss, class BatchPolicy, class PrecisionPolicy>
+class step_runner {
+ public:
+  using workspace = typename Model::workspace_type;
+
+  // What the runner reads of the trainer's state; the references outlive it.
+  struct parts {
+    const Model& model;
+    const Loss& loss;
+    PrecisionPolicy& precision;
+    model::param_store& master;
+    const config::train_config& cfg;
+    const std::uint64_t& step;  // the trainer's step counter
+    std::size_t memory_budget;
+    std::size_t optimizer_state_per_parameter;
+    comm::any_comm* group;  // the ranks that step together, null on one rank
+  };
+
+  // `loader_batch`: samples per loader batch; `reducer`: the executor's (null: none).
+  step_runner(parts p, std::size_t loader_batch, parallel::bucket_reducer* reducer, progress& bar)
+      : p_(p),
+        classes_(p.model.output_shape().elements()),
+        grad_logits_(loader_batch * classes_),
+        reducer_(reducer),
+        bar_(bar) {}
+
+  // Before a step's first micro-step: the scale of its gradients (loss scale / samples).
+  void begin_step(float grad_scale) noexcept {
+    grad_scale_ = grad_scale;
+    ended_ = false;
+    overlapped_ = false;
+  }
+  // Whether the step's last backward started the gradient buckets.
+  bool overlapped() const noexcept { return overlapped_; }
+
+  model::loss_result micro_step(const batch::samples& b, bool last) {
+    if (ended_) {
+      throw error("batch policy " + std::string(BatchPolicy::name) +
+                  ": a micro-step after the step's last one (last = true) at step " +
+                  std::to_string(p_.step));
+    }
+    if (b.size * classes_ > grad_logits_.size()) {
+      throw std::invalid_argument("batch policy " + std::string(BatchPolicy::name) +
+                                  ": a micro-step of " + std::to_string(b.size) +
+                                  " samples, more than a loader batch");
+    }
+    if (work_.capacity() < b.size) {
+      set_workspace(b.size);
+    }
+    ended_ = last;
+    overlapped_ = last && reducer_ != nullptr;
+    return forward_backward(b);
+  }
+  void restart() {
+    if (ended_) {
+      throw error("batch policy " + std::string(BatchPolicy::name) +
+                  ": restart() after the step's last micro-step at step " +
+                  std::to_string(p_.step));
+    }
+    p_.precision.compute(p_.master).discard_grads();
+  }
+  void set_workspace(std::size_t samples) {
+    work_ = workspace{};
+    if (samples > 0) {
+      work_ = detail::training_workspace(
+          p_.model, samples, static_cast<std::size_t>(p_.cfg.activation_checkpoint_every));
+    }
+  }
+  std::size_t workspace_capacity() const { return work_.capacity(); }
+  std::uint64_t step() const { return p_.step; }
+  std::size_t memory_budget() const { return p_.memory_budget; }
+  memory_tracker& memory() { return host{}.memory(); }
+  std::size_t activation_bytes(std::size_t micro) const {
+    const estimate_options options{
+        .optimizer_state_per_parameter = p_.optimizer_state_per_parameter,
+        .checkpoint_every = static_cast<std::size_t>(p_.cfg.activation_checkpoint_every),
+        .layout = memory_layout::host};
+    return estimate_memory<PrecisionPolicy>(p_.model, micro, options).activations;
+  }
+  // The minimum over the ranks that step together (one all_reduce of an int64).
+  std::size_t agree_min(std::size_t value) {
+    if (p_.group == nullptr) {
+      return value;
+    }
+    const auto mine = static_cast<std::int64_t>(value);
+    std::int64_t agreed = 0;
+    p_.group->all_reduce(&mine, &agreed, 1, dtype::int64, comm::reduce_op::min);
+    return static_cast<std::size_t>(agreed);
+  }
+  void message(std::string line) { bar_.message(line); }
+
+ private:
+  // Forward, loss and backward of one micro-batch, adding its gradients (scaled by the step's
+  // scale) into the compute parameters; the last of an overlapped step starts the buckets.
+  model::loss_result forward_backward(const batch::samples& b) {
+    static_assert(std::is_same_v<std::size_t, std::uint64_t>,
+                  "trainer: sample ids are passed as dataset indices (size_t == uint64_t)");
+    model::param_store& p = p_.precision.compute(p_.master);
+    const auto logits = p_.model.forward(work_, p, b.inputs, b.size,
+                                         {.training = true,
+                                          .seed = static_cast<std::uint64_t>(p_.cfg.seed),
+                                          .step = static_cast<std::uint32_t>(p_.step),
+                                          .sample_ids = std::span<const std::uint64_t>(b.indices),
+                                          .storage = PrecisionPolicy::compute_dtype});
+    const std::span<float> grad(grad_logits_.data(), b.size * classes_);
+    const model::loss_result loss = p_.loss.evaluate({.batch = b.size,
+                                                      .classes = classes_,
+                                                      .logits = logits,
+                                                      .labels = b.labels,
+                                                      .grad_logits = grad,
+                                                      .grad_scale = grad_scale_});
+    if (overlapped_) {
+      detail::backward_into_buckets(p_.model, work_, p, grad, *reducer_);
+      return loss;
+    }
+    p_.model.backward(work_, p, grad);
+    p_.precision.store(p.grads());  // as the compute type holds them
+    return loss;
+  }
+
+  parts p_;
+  std::size_t classes_;
+  buffer<float> grad_logits_;
+  parallel::bucket_reducer* reducer_;
+  progress& bar_;
+  workspace work_{};
+  float grad_scale_ = 1.0f;
+  bool ended_ = false;
+  bool overlapped_ = false;
+};
+
+}  // namespace strata::train
