@@ -42,14 +42,15 @@ int main(int argc, char** argv) {
             sd::load_fashion_mnist(cfg.data_dir, sd::fashion_mnist_split::train);
         const sd::idx_dataset test =
             sd::load_fashion_mnist(cfg.data_dir, sd::fashion_mnist_split::test);
-        using trainer_t = strata::train::trainer<decltype(make_mlp()), local_sgd<4>>;
+        using trainer_t = strata::train::trainer<decltype(make_mlp()), local_sgd>;
         return strata::train::train_on_ranks<trainer_t>(make_mlp(), cfg, [&](trainer_t& run) {
           examples::prepare(run, cfg);
           if (run.rank() == 0) {
             std::printf(
                 "fashion_mnist_local_sgd: %zu parameters, %d rank(s), parameters averaged "
-                "every 4 steps\n",
-                run.params().parameter_count(), run.world_size());
+                "every %lld steps\n",
+                run.params().parameter_count(), run.world_size(),
+                static_cast<long long>(strata::config::policy_int(cfg, local_sgd::config_keys[0])));
           }
           // Horizontal flips (augment = true), then the dataset's normalisation.
           const sd::compose augmentation{

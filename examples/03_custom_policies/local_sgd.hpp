@@ -1,30 +1,27 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
-// A user's parallel policy: local SGD. Each rank applies its own gradients to its own copy of
-// the parameters; every Period steps the ranks average their parameters. Less communication than
-// averaging gradients every step (one all-reduce of the parameters per Period steps); Period 1
-// with plain SGD trains like parallel::data<all_reduce>. Checkpoints hold every rank's parameters
-// and optimizer state, so a resumed run continues each rank exactly.
-
+// A user's parallel policy: local SGD. Each rank steps alone on its own copy of the parameters;
+// every k steps ([policy] local_sgd_period) the ranks average them: one all-reduce per k steps.
+// k = 1 with plain SGD trains like parallel::data<all_reduce>. Checkpoints hold every rank's
+// parameters and optimizer state, so a resumed run continues each rank exactly.
+#include <array>
 #include <cstdint>
 #include <span>
 #include <string_view>
 #include <vector>
 
-#include "strata/comm/any_comm.hpp"
-#include "strata/config/train_config.hpp"
-#include "strata/core/dtype.hpp"
-#include "strata/core/policy.hpp"
+#include "strata/config/policy_keys.hpp"
 #include "strata/parallel/concepts.hpp"
 #include "strata/parallel/executor.hpp"
 
-template <std::uint64_t Period = 4>
 struct local_sgd {
-  static_assert(Period >= 1, "local_sgd<Period>: Period must be at least 1");
   using policy_category = strata::parallel_policy_tag;
   static constexpr std::string_view name = "local_sgd";
   static constexpr bool distributed = true;
+  static constexpr std::array config_keys{strata::config::policy_key{
+      "local_sgd_period", strata::config::policy_value::integer, "4", 1, 1e6,
+      "Optimizer steps between two averages of the ranks' parameters."}};
   static void check_config(const strata::config::train_config& cfg, int world, int rank) {
     strata::parallel::refuse_foreign_keys({.distributed = true, .parallel = name}, cfg, world,
                                           rank);
@@ -32,7 +29,9 @@ struct local_sgd {
 
   class executor : public strata::parallel::local_executor {
    public:
-    using local_executor::local_executor;
+    explicit executor(const strata::parallel::step_context& c)
+        : local_executor(c),
+          period_(static_cast<std::uint64_t>(strata::config::policy_int(c.cfg, config_keys[0]))) {}
 
     strata::parallel::sync_result synchronize(const strata::parallel::sync_args& a) {
       step_ = a.step;  // the gradients stay this rank's own; the totals are summed
@@ -40,7 +39,7 @@ struct local_sgd {
     }
     void update(double lr) {
       local_executor::update(lr);
-      if ((step_ + 1) % Period == 0) {
+      if ((step_ + 1) % period_ == 0) {
         const std::span<float> p = ctx_.master.values();
         group_->all_reduce(p.data(), p.data(), p.size(), strata::dtype::float32,
                            strata::comm::reduce_op::avg);
@@ -72,6 +71,7 @@ struct local_sgd {
                                            mine.size() * static_cast<std::size_t>(group_->rank()));
       std::copy(first, first + static_cast<std::ptrdiff_t>(mine.size()), mine.begin());
     }
+    std::uint64_t period_ = 1;
     std::uint64_t step_ = 0;
     std::vector<float> params_, states_;
   };

@@ -3,6 +3,7 @@
 
 // Command line of a strata program (CLI11): `--config FILE` (repeatable; later files override
 // earlier ones), `--KEY VALUE` for every key of train_config (overrides the files),
+// `--policy.NAME VALUE` for a key of the [policy] table (a policy's own; the trainer checks it),
 // `--print-config` (TOML that reads back to the same config) and `--help`.
 // A program adds its own options through app() before parse().
 
@@ -76,10 +77,13 @@ class cli {
     } catch (const CLI::ParseError& e) {
       throw config_error(config_location{.file = "command line"}, e.what());
     }
-    reject_extras();
+    const auto policy_keys = policy_overrides();
     out.config = defaults_;
     for (const auto& file : files_) {
       apply_toml_file(out.config, file);
+    }
+    for (const auto& [name, value] : policy_keys) {
+      set_key(out.config, name, value, "command line");
     }
     std::size_t i = 0;
     visit_keys([&](const auto& key) {
@@ -98,26 +102,51 @@ class cli {
   }
 
  private:
-  void reject_extras() const {
-    for (const auto& extra : app_.remaining()) {
-      std::string_view arg = extra;
-      if (arg.starts_with("--")) {
-        arg.remove_prefix(2);
-        arg = arg.substr(0, arg.find('='));
-        std::vector<std::string_view> names(key_names.begin(), key_names.end());
-        names.push_back("config");
-        names.push_back("print-config");
-        std::string message = "unknown option '--" + std::string(arg) + "'";
-        if (const auto best = closest_name(arg, names)) {
-          message += "; did you mean '--" + std::string(*best) + "'?";
-        } else {
-          message += "; run with --help for the options";
+  // The `--policy.NAME VALUE` (or `--policy.NAME=VALUE`) arguments, in order; any other argument
+  // CLI11 left over is a config_error.
+  std::vector<std::pair<std::string, std::string>> policy_overrides() const {
+    std::vector<std::pair<std::string, std::string>> out;
+    const std::vector<std::string> extras = app_.remaining();
+    for (std::size_t i = 0; i < extras.size(); ++i) {
+      const std::string_view arg = extras[i];
+      if (arg.starts_with("--policy.")) {
+        const std::size_t eq = arg.find('=');
+        if (eq != std::string_view::npos) {
+          out.emplace_back(std::string(arg.substr(2, eq - 2)), std::string(arg.substr(eq + 1)));
+          continue;
         }
-        throw config_error(config_location{.file = "command line"}, message);
+        if (i + 1 == extras.size() || std::string_view(extras[i + 1]).starts_with("--")) {
+          throw config_error(
+              config_location{.key = std::string(arg.substr(2)), .file = "command line"},
+              "expected a value after '" + std::string(arg) + "'");
+        }
+        out.emplace_back(std::string(arg.substr(2)), extras[i + 1]);
+        ++i;
+        continue;
       }
-      throw config_error(config_location{.file = "command line"},
-                         "unexpected argument '" + extra + "'; keys are set as --KEY VALUE");
+      reject(extras[i]);
     }
+    return out;
+  }
+
+  [[noreturn]] void reject(const std::string& extra) const {
+    std::string_view arg = extra;
+    if (arg.starts_with("--")) {
+      arg.remove_prefix(2);
+      arg = arg.substr(0, arg.find('='));
+      std::vector<std::string_view> names(key_names.begin(), key_names.end());
+      names.push_back("config");
+      names.push_back("print-config");
+      std::string message = "unknown option '--" + std::string(arg) + "'";
+      if (const auto best = closest_name(arg, names)) {
+        message += "; did you mean '--" + std::string(*best) + "'?";
+      } else {
+        message += "; run with --help for the options (a policy's own key: --policy.NAME VALUE)";
+      }
+      throw config_error(config_location{.file = "command line"}, message);
+    }
+    throw config_error(config_location{.file = "command line"},
+                       "unexpected argument '" + extra + "'; keys are set as --KEY VALUE");
   }
 
   CLI::App app_;

@@ -112,12 +112,54 @@ void set_from_node(train_config& cfg, const Key& key, const toml::node& node,
   check_range(cfg, key, where);
 }
 
+// The [policy] table: each value kept as text, a key checked for its spelling only (the
+// policy that declares it checks the value).
+inline void set_policy_table(train_config& cfg, const toml::node& node, std::string_view source) {
+  const toml::table* table = node.as_table();
+  if (table == nullptr) {
+    throw config_error(
+        location_of("policy", source, node.source()),
+        "expected a table ([policy] with keys that policies declare), got " + toml_type_name(node));
+  }
+  for (const auto& entry : *table) {
+    const toml::key& toml_key = entry.first;
+    const toml::node& value = entry.second;
+    const std::string name(toml_key.str());
+    const config_location where = location_of("policy." + name, source, value.source());
+    if (!valid_policy_key_name(name)) {
+      throw config_error(where,
+                         "a policy key is lower-case letters, digits and '_', from a letter");
+    }
+    if (const auto* i = value.as_integer()) {
+      cfg.policy[name] = std::to_string(i->get());
+    } else if (const auto* d = value.as_floating_point()) {
+      cfg.policy[name] = format_real(d->get());
+    } else if (const auto* b = value.as_boolean()) {
+      cfg.policy[name] = b->get() ? "true" : "false";
+    } else if (const auto* t = value.as_string()) {
+      cfg.policy[name] = t->get();
+    } else {
+      throw config_error(where, "expected an integer, a float, a boolean or a string, got " +
+                                    toml_type_name(value));
+    }
+  }
+}
+
 }  // namespace detail
 
 // Sets key `name` from its text form, as given on the command line ("64", "0.1", "true",
 // "bfloat16"). Unknown keys get a did-you-mean; bad values name the key, value and what is allowed.
 inline void set_key(train_config& cfg, std::string_view name, std::string_view text,
                     std::string_view source = "command line") {
+  if (name.starts_with("policy.")) {
+    const std::string_view sub = name.substr(7);
+    if (!valid_policy_key_name(sub)) {
+      throw config_error(config_location{.key = std::string(name), .file = std::string(source)},
+                         "a policy key is lower-case letters, digits and '_', from a letter");
+    }
+    cfg.policy[std::string(sub)] = std::string(text);
+    return;
+  }
   bool found = false;
   visit_keys([&](const auto& key) {
     if (found || key.name != name) {
@@ -189,6 +231,10 @@ inline void apply_toml(train_config& cfg, std::string_view document, std::string
     const toml::key& toml_key = entry.first;
     const toml::node& node = entry.second;
     const std::string_view name = toml_key.str();
+    if (name == "policy") {
+      detail::set_policy_table(cfg, node, source);
+      continue;
+    }
     bool found = false;
     visit_keys([&](const auto& key) {
       if (!found && key.name == name) {

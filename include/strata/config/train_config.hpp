@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <map>
 #include <optional>
 #include <ostream>
 #include <string>
@@ -220,6 +221,12 @@ struct train_config {
   // Communication.
   double comm_timeout = 300.0;  // seconds any wait may take before it becomes a comm_error
   comm_fingerprint_kind comm_fingerprint = comm_fingerprint_kind::always;
+
+  // Keys that policies declare for themselves (a user's policy included): the [policy] table,
+  // `--policy.NAME VALUE` on the command line. Values as text (a TOML string without its quotes);
+  // the policy that declares a key parses and checks it (config/policy_keys.hpp), and a trainer
+  // refuses a key that none of its policies declares.
+  std::map<std::string, std::string> policy{};
 
   bool operator==(const train_config&) const = default;
 };
@@ -569,6 +576,38 @@ void check_range(const train_config& cfg, const Key& key, const config_location&
   }
 }
 
+// Whether `name` may name a [policy] key: lower-case letters, digits and '_', from a letter.
+constexpr bool valid_policy_key_name(std::string_view name) noexcept {
+  if (name.empty() || name.size() > 64 || name.front() < 'a' || name.front() > 'z') {
+    return false;
+  }
+  for (const char ch : name) {
+    if (!((ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '_')) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// A [policy] value as TOML: numbers and booleans as they are, anything else a quoted string.
+inline std::string policy_value_toml(std::string_view text) {
+  if (text == "true" || text == "false") {
+    return std::string(text);
+  }
+  std::int64_t i = 0;
+  if (const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), i);
+      ec == std::errc{} && end == text.data() + text.size() && std::to_string(i) == text) {
+    return std::string(text);
+  }
+  double d = 0.0;
+  if (const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), d);
+      ec == std::errc{} && end == text.data() + text.size() && std::isfinite(d) &&
+      detail::format_real(d) == text) {
+    return std::string(text);
+  }
+  return detail::quote(text);
+}
+
 // The whole configuration as TOML that reads back to an equal train_config.
 inline std::string print_toml(const train_config& cfg) {
   std::string out = "# strata training configuration\n";
@@ -581,6 +620,12 @@ inline std::string print_toml(const train_config& cfg) {
     }
     out += line + "# " + std::string(key.doc) + "\n";
   });
+  if (!cfg.policy.empty()) {
+    out += "\n[policy]\n";
+    for (const auto& [name, value] : cfg.policy) {
+      out += name + " = " + policy_value_toml(value) + "\n";
+    }
+  }
   return out;
 }
 

@@ -84,6 +84,8 @@ class trainer {
   static_assert(precision::check_precision_policy<precision_policy>());
   static_assert(parallel::check_parallel_policy<parallel_policy>());
   static_assert(model::check_loss<loss_type>());
+  using policy_ops =
+      detail::policies_of<batch_policy, precision_policy, parallel_policy, loss_type>;
   static constexpr dtype compute_dtype = precision_policy::compute_dtype;
   // The parallel policy's part of each step (parallel/executor.hpp).
   using executor_type = typename parallel_policy::executor;
@@ -93,8 +95,6 @@ class trainer {
   // Whether this trainer is one rank of a data-parallel job (its constructor takes a
   // communicator).
   static constexpr bool distributed = parallel_policy::distributed;
-
- public:
   using model_type = Model;
 
   // One rank (parallel::single_rank).
@@ -116,7 +116,7 @@ class trainer {
         options_(options),
         comm_(comm),
         params_(fresh_store()),
-        optimizer_(detail::checked_optimizer<batch_policy, precision_policy, parallel_policy>(
+        optimizer_(policy_ops::checked_optimizer(
             cfg_, comm ? comm->size() : 1, comm ? comm->rank() : 0, options.independent_processes)),
         batch_(cfg_),
         precision_(cfg_) {
@@ -124,7 +124,7 @@ class trainer {
     params_.initialize(static_cast<std::uint64_t>(cfg_.seed));
     run_ = make_run_identity(
         cfg_, params_, to_string(model_.input_shape()) + " -> " + to_string(model_.output_shape()),
-        detail::policies_description<batch_policy, precision_policy, parallel_policy, loss_type>());
+        policy_ops::description(cfg_));
     // For the whole process (every rank of comm::threads sets the same before the broadcast).
     gemm_ = detail::set_up_gemm(cfg_, comm_ ? comm_->ranks_sharing_cpus() : 1);
     precision_.prepare([this] { return fresh_store(); });
@@ -164,9 +164,8 @@ class trainer {
   // This run's name, fingerprint and checkpoint directory (train/run.hpp).
   const run_identity& run() const noexcept { return run_; }
   // The host memory budget, in bytes, that this rank's adaptive micro-batch keeps within:
-  // memory_budget_mb, which is each rank's; unset (0), batch::default_memory_budget() divided by
-  // comm::ranks_sharing_memory (every thread rank of comm::threads; the node's ranks under
-  // mpiexec).
+  // memory_budget_mb (each rank's); unset (0), batch::default_memory_budget() divided by
+  // comm::ranks_sharing_memory (thread ranks of comm::threads; the node's ranks under mpiexec).
   std::size_t memory_budget() const {
     if (cfg_.memory_budget_mb > 0) {
       return static_cast<std::size_t>(cfg_.memory_budget_mb) << 20;

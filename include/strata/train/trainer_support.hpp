@@ -26,6 +26,7 @@
 #include <xxhash.h>
 
 #include "strata/comm/any_comm.hpp"
+#include "strata/config/policy_keys.hpp"
 #include "strata/config/train_config.hpp"
 #include "strata/config/validate.hpp"
 #include "strata/core/error.hpp"
@@ -230,34 +231,44 @@ struct epoch_totals {
   }
 };
 
-// The policies as the run's identity names them (train/run.hpp): the loss only when it is not
-// the default.
+// What the trainer does with its four policies together: the run identity's description of them
+// and the configuration checks before the optimizer is made.
 template <class Batch, class Precision, class Parallel, class Loss>
-std::string policies_description() {
-  std::string text = std::string(Batch::name) + ", " + std::string(Precision::name) +
-                     (Precision::scales_loss ? " with a loss scaler" : "") + ", " +
-                     std::string(Parallel::name);
-  if constexpr (!std::is_same_v<Loss, model::softmax_cross_entropy>) {
-    text += ", loss " + std::string(Loss::name);
+struct policies_of {
+  // As the run's identity names them (train/run.hpp): the loss only when it is not the default,
+  // the policies' own [policy] keys (config/policy_keys.hpp) only away from their defaults.
+  static std::string description(const config::train_config& cfg) {
+    std::string text = std::string(Batch::name) + ", " + std::string(Precision::name) +
+                       (Precision::scales_loss ? " with a loss scaler" : "") + ", " +
+                       std::string(Parallel::name);
+    if constexpr (!std::is_same_v<Loss, model::softmax_cross_entropy>) {
+      text += ", loss " + std::string(Loss::name);
+    }
+    if (const std::string keys =
+            config::policy_settings_text<Batch, Precision, Parallel, Loss>(cfg);
+        !keys.empty()) {
+      text += "; " + keys;
+    }
+    return text;
   }
-  return text;
-}
 
-// Validates the configuration, lets each policy check its own keys (a key of a policy not chosen
-// is refused, naming it), refuses a launch the trainer does not span, and makes the optimizer.
-template <class Batch, class Precision, class Parallel>
-optim::any_optimizer checked_optimizer(const config::train_config& cfg, int world, int rank,
-                                       bool independent_processes) {
-  config::validate(cfg);
-  Parallel::check_config(cfg, world, rank);
-  refuse_optimizer_bounds(cfg);
-  Batch::check_config(cfg);
-  Precision::check_config(cfg);
-  if (!independent_processes) {
-    refuse_launch_mismatch(Parallel::distributed, cfg, detect_launch());
+  // Validates the configuration, checks the [policy] table against the keys the policies
+  // declare, lets each policy check its own keys (a key of a policy not chosen is refused,
+  // naming it), refuses a launch the trainer does not span, and makes the optimizer.
+  static optim::any_optimizer checked_optimizer(const config::train_config& cfg, int world,
+                                                int rank, bool independent_processes) {
+    config::validate(cfg);
+    config::check_policy_keys<Batch, Precision, Parallel, Loss>(cfg);
+    Parallel::check_config(cfg, world, rank);
+    refuse_optimizer_bounds(cfg);
+    Batch::check_config(cfg);
+    Precision::check_config(cfg);
+    if (!independent_processes) {
+      refuse_launch_mismatch(Parallel::distributed, cfg, detect_launch());
+    }
+    return optim::make_optimizer(optimizer_choice(cfg));
   }
-  return optim::make_optimizer(optimizer_choice(cfg));
-}
+};
 
 // The model's parameter store, padded to `shards` equal shards when the parallel policy
 // (`policy`, for the message) shards the optimizer state.

@@ -84,6 +84,20 @@ TEST_CASE("--print-config prints TOML that reads back to the same config") {
   CHECK(again.config == got.config);
 }
 
+TEST_CASE("--policy.NAME sets a key of the [policy] table, over the files, and prints back") {
+  const auto file = write_file("policy.toml", "[policy]\nlocal_sgd_period = 4\nkeep = 1\n");
+  const auto got = parse({"--config", file.string(), "--policy.local_sgd_period", "8",
+                          "--policy.ramp_rate=0.5", "--print-config"});
+  CHECK(got.config.policy.at("local_sgd_period") == "8");
+  CHECK(got.config.policy.at("keep") == "1");
+  CHECK(got.config.policy.at("ramp_rate") == "0.5");
+  const auto again = parse({"--config", write_file("policy-printed.toml", got.text).string()});
+  CHECK(again.config == got.config);
+  CHECK(contains(error_of({"--policy.local_sgd_period"}),
+                 "expected a value after '--policy.local_sgd_period'"));
+  CHECK(contains(error_of({"--policy.Bad", "1"}), "lower-case letters"));
+}
+
 TEST_CASE("--help returns the usage text") {
   const auto got = parse({"--help"});
   CHECK(got.action == sc::command_action::help);

@@ -183,3 +183,45 @@ TEST_CASE("resume reads \"auto\", a TOML boolean or its text, and prints back to
   CHECK(contains(e.what(), "auto | true | false"));
   CHECK(contains(error_of([] { (void)sc::parse_toml("resume = 1"); }).what(), "found an integer"));
 }
+
+TEST_CASE("the [policy] table keeps a policy's own keys as text and prints back to the same") {
+  const auto cfg = sc::parse_toml(
+      "epochs = 2\n[policy]\nlocal_sgd_period = 4\nramp_rate = 0.25\nwarm = true\n"
+      "tag = \"a \\\"b\\\"\"\nodd = \"007\"\n",
+      "p.toml");
+  CHECK(cfg.epochs == 2);
+  CHECK(cfg.policy.at("local_sgd_period") == "4");
+  CHECK(cfg.policy.at("ramp_rate") == "0.25");
+  CHECK(cfg.policy.at("warm") == "true");
+  CHECK(cfg.policy.at("tag") == "a \"b\"");
+  CHECK(cfg.policy.at("odd") == "007");  // a string, printed quoted: 007 is no TOML integer
+  const std::string printed = sc::print_toml(cfg);
+  CHECK(contains(printed, "[policy]\n"));
+  CHECK(contains(printed, "local_sgd_period = 4\n"));
+  CHECK(contains(printed, "odd = \"007\"\n"));
+  CHECK(sc::parse_toml(printed, "printed.toml") == cfg);
+  sc::train_config set;
+  sc::set_key(set, "policy.local_sgd_period", "8");
+  CHECK(set.policy.at("local_sgd_period") == "8");
+}
+
+TEST_CASE("a bad [policy] table names the key, file and line") {
+  const auto flat = error_of([] { sc::parse_toml("policy = 3\n", "p.toml"); });
+  CHECK(flat.key() == "policy");
+  CHECK(contains(flat.what(), "expected a table"));
+  const auto nested = error_of([] { sc::parse_toml("[policy]\nx = 1\n[policy.inner]\ny = 2\n"); });
+  CHECK(nested.key() == "policy.inner");
+  CHECK(contains(nested.what(), "got a table"));
+  const auto array = error_of([] { sc::parse_toml("\n[policy]\nsteps = [1, 2]\n", "a.toml"); });
+  CHECK(array.key() == "policy.steps");
+  CHECK(array.line() == 3);
+  CHECK(contains(array.what(), "got an array"));
+  const auto name = error_of([] { sc::parse_toml("[policy]\nPeriod = 1\n"); });
+  CHECK(name.key() == "policy.Period");
+  CHECK(contains(name.what(), "lower-case letters"));
+  const auto cli_name = error_of([] {
+    sc::train_config c;
+    sc::set_key(c, "policy.", "1");
+  });
+  CHECK(contains(cli_name.what(), "lower-case letters"));
+}
