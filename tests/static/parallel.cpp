@@ -2,10 +2,12 @@
 // The parallel family's contract (parallel/concepts.hpp) holds for every shipped policy, and a
 // type that misses a requirement is not a parallel policy; compiling this file is the test.
 #include <string_view>
+#include <type_traits>
 
 #include "strata/config/train_config.hpp"
 #include "strata/parallel/concepts.hpp"
 #include "strata/parallel/data.hpp"
+#include "strata/parallel/data_executor.hpp"
 #include "strata/parallel/single_rank.hpp"
 
 namespace sp = strata::parallel;
@@ -38,7 +40,18 @@ struct local_sgd {
 };
 static_assert(sp::parallel_policy<local_sgd>);
 static_assert(sp::step_executor<sp::local_executor>);
-static_assert(sp::step_executor<sp::data_executor<sp::zero1>>);
+static_assert(sp::step_executor<sp::all_reduce_executor<sp::zero1>>);
+static_assert(sp::step_executor<sp::all_reduce_executor<sp::data<>>>);
+static_assert(sp::step_executor<sp::hierarchical_executor<sp::data<sp::hierarchical>>>);
+static_assert(
+    sp::step_executor<sp::topk_gather_executor<sp::data<sp::all_gather, sp::compress::topk>>>);
+static_assert(
+    sp::step_executor<sp::ps_executor<sp::data<sp::parameter_server, sp::compress::topk>>>);
+// Each shipped policy names its own executor type.
+static_assert(std::is_same_v<sp::data<sp::hierarchical>::executor,
+                             sp::hierarchical_executor<sp::data<sp::hierarchical>>>);
+static_assert(std::is_same_v<sp::data<sp::parameter_server>::executor,
+                             sp::ps_executor<sp::data<sp::parameter_server>>>);
 
 // Each requirement missing in turn.
 struct untagged {

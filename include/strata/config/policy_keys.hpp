@@ -100,9 +100,14 @@ inline double parse_policy_number(const policy_key& key, std::string_view text,
     }
   }
   if (!(value >= key.min && value <= key.max)) {
+    const auto bound = [&](double b) {
+      return key.kind == policy_value::integer && std::isfinite(b)
+                 ? std::to_string(static_cast<std::int64_t>(b))
+                 : format_real(b);
+    };
     throw policy_value_error(key, policy,
                              "value " + std::string(text) + " is out of range; allowed: " +
-                                 format_real(key.min) + " .. " + format_real(key.max));
+                                 bound(key.min) + " .. " + bound(key.max));
   }
   return value;
 }

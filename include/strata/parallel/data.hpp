@@ -37,6 +37,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -49,7 +50,7 @@
 #include "strata/core/round.hpp"
 #include "strata/model/param_store.hpp"
 #include "strata/parallel/concepts.hpp"
-#include "strata/parallel/parameter_server.hpp"
+#include "strata/parallel/ps/exchange.hpp"
 
 namespace strata::parallel {
 
@@ -79,7 +80,7 @@ struct all_gather {
 };
 
 // Gradient synchronisation of parallel::data: a synchronous parameter server over send / recv
-// (parallel/parameter_server.hpp). Ranks 0 .. parameter_servers - 1 (config; 0 = every rank)
+// (parallel/ps/exchange.hpp). Ranks 0 .. parameter_servers - 1 (config; 0 = every rank)
 // each hold a shard of the parameters' optimizer state; every rank pushes its gradient shards to
 // their servers, the servers average and update, every rank pulls the updated shards. Same
 // numbers as all_reduce; the optimizer state is spread over the servers as in zero1.
@@ -161,8 +162,26 @@ constexpr std::string_view data_policy_name() {
 }
 }  // namespace detail
 
+// The shipped policies' step executors, one per synchronisation (defined in
+// parallel/data_executor.hpp and parallel/ps/executor.hpp, which train/trainer.hpp includes).
 template <class Policy>
-class data_executor;  // data_executor.hpp, included at the end of this file
+class all_reduce_executor;  // all_reduce (with cast<T>) and zero1
+template <class Policy>
+class hierarchical_executor;
+template <class Policy>
+class topk_gather_executor;  // all_gather of top-k pairs
+template <class Policy>
+class ps_executor;  // parameter_server
+
+namespace detail {
+template <class Sync, class Policy>
+using data_executor_for = std::conditional_t<
+    std::is_same_v<Sync, parameter_server>, ps_executor<Policy>,
+    std::conditional_t<
+        std::is_same_v<Sync, hierarchical>, hierarchical_executor<Policy>,
+        std::conditional_t<std::is_same_v<Sync, all_gather>, topk_gather_executor<Policy>,
+                           all_reduce_executor<Policy>>>>;
+}  // namespace detail
 
 template <class Sync = all_reduce, class Compressor = compress::none>
 struct data {
@@ -196,7 +215,7 @@ struct data {
   using compressor_type = Compressor;
   static constexpr std::string_view name = detail::data_policy_name<Sync, Compressor>();
   static constexpr bool distributed = true;
-  using executor = data_executor<data>;
+  using executor = detail::data_executor_for<Sync, data>;
   // world_size = the communicator's; gradient_sync and gradient_compression as Sync and
   // Compressor name them; the keys of the synchronisation and compressor in use, not the others'.
   static void check_config(const config::train_config& cfg, int world, int rank) {
@@ -227,7 +246,7 @@ struct zero1 {
   using compressor_type = compress::none;
   static constexpr std::string_view name = "zero1";
   static constexpr bool distributed = true;
-  using executor = data_executor<zero1>;
+  using executor = all_reduce_executor<zero1>;
   // world_size = the communicator's, zero_stage = 1, gradient_sync = all_reduce without
   // compression.
   static void check_config(const config::train_config& cfg, int world, int rank) {
@@ -759,6 +778,3 @@ class bucket_reducer {
 };
 
 }  // namespace strata::parallel
-
-// The shipped policies' executor, which needs the definitions above.
-#include "strata/parallel/data_executor.hpp"

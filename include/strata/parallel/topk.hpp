@@ -8,7 +8,7 @@
 // residual and adds it to the next step's gradient before choosing again (error feedback), so
 // every gradient contribution is applied eventually. The pairs of different ranks name different
 // indices, so they cannot be summed by an all-reduce: they travel by all-gather (or to the
-// parameter server, parallel/parameter_server.hpp), and every rank adds all ranks' pairs up in
+// parameter server, parallel/ps/exchange.hpp), and every rank adds all ranks' pairs up in
 // rank order, which gives the same sum on every rank.
 //
 //   parallel::topk_compressor tk(params.size(), 0.01);

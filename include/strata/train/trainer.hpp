@@ -53,7 +53,7 @@
 #include "strata/model/param_store.hpp"
 #include "strata/model/softmax_cross_entropy.hpp"
 #include "strata/optim/any_optimizer.hpp"
-#include "strata/parallel/data.hpp"
+#include "strata/parallel/data_executor.hpp"
 #include "strata/parallel/executor.hpp"
 #include "strata/parallel/single_rank.hpp"
 #include "strata/precision/fp32.hpp"
@@ -147,8 +147,8 @@ class trainer {
   int rank() const noexcept { return group() != nullptr ? group()->rank() : 0; }
   int world_size() const noexcept { return group() != nullptr ? group()->size() : 1; }
 
-  // The parallel policy's executor: its state and its own queries (data_executor:
-  // blocking_buckets(), max_lead(), topk_residual()).
+  // The parallel policy's executor: its state and its own queries (blocking_buckets(); a
+  // parameter server's max_lead(); top-k's topk_residual(); parallel/data_executor.hpp).
   executor_type& executor() noexcept { return *exec_; }
   const executor_type& executor() const noexcept { return *exec_; }
 

@@ -80,8 +80,11 @@ fs::path work_dir(const std::string& name) {
   return dir;
 }
 
-strata::config::train_config training_config(const fs::path& dir) {
+// The ramp's keys: from `start` micro-batches per step to 4 over `steps` steps.
+strata::config::train_config training_config(const fs::path& dir, int start = 1, int steps = 6) {
   strata::config::train_config cfg;
+  cfg.policy["ramp_start"] = std::to_string(start);
+  cfg.policy["ramp_steps"] = std::to_string(steps);
   cfg.epochs = 2;
   cfg.batch_size_per_gpu = 16;
   cfg.gradient_accumulation_steps = 4;
@@ -108,7 +111,9 @@ TEST_CASE("every batch policy keeps the batch_policy contract (conformance suite
     expect_conformant<sb::adaptive>(cfg);
   }
   SUBCASE("a user's batch ramp (examples/03_custom_policies)") {
-    expect_conformant<batch_ramp<2, 10>>(policy_config(16, 6));
+    auto cfg = policy_config(16, 6);
+    cfg.policy = {{"ramp_start", "2"}, {"ramp_steps", "10"}};
+    expect_conformant<batch_ramp>(cfg);
   }
 }
 
@@ -136,21 +141,23 @@ TEST_CASE(
   {
     const fs::path dir = work_dir("full");
     auto cfg = training_config(dir / "accumulate");
+    cfg.policy.clear();  // batch::accumulate declares no [policy] key
     st::trainer<model_type, sb::accumulate> acc(strata::test::blobs_mlp(), cfg,
                                                 {.print_progress = false});
     const auto a = strata::test::record(acc);
-    cfg = training_config(dir / "ramp");
-    st::trainer<model_type, batch_ramp<4, 10>> ramp(strata::test::blobs_mlp(), cfg,
-                                                    {.print_progress = false});
+    cfg = training_config(dir / "ramp", 4, 10);
+    st::trainer<model_type, batch_ramp> ramp(strata::test::blobs_mlp(), cfg,
+                                             {.print_progress = false});
     const auto r = strata::test::record(ramp);
     REQUIRE(r.steps.size() == a.steps.size());
     CHECK(r.params == a.params);
   }
+  using ramp_trainer_t = st::trainer<model_type, batch_ramp>;
   // From 1 micro-batch of 16 to 4 over 6 steps: 16, 16, 32, 32, 48, 48, then 64 samples.
   const fs::path dir = work_dir("ramp");
   const auto cfg = training_config(dir / "straight");
-  st::trainer<model_type, batch_ramp<1, 6>> straight_trainer(strata::test::blobs_mlp(), cfg,
-                                                             {.print_progress = false});
+  st::trainer<model_type, batch_ramp> straight_trainer(strata::test::blobs_mlp(), cfg,
+                                                       {.print_progress = false});
   const auto straight = strata::test::record(straight_trainer);
   const std::size_t expected[] = {16, 16, 32, 32, 48, 48, 64, 64};
   REQUIRE(straight.steps.size() > 8);
@@ -166,20 +173,28 @@ TEST_CASE(
   auto first_cfg = training_config(dir / "resumed");
   first_cfg.max_steps = 5;
   {
-    st::trainer<model_type, batch_ramp<1, 6>> first(strata::test::blobs_mlp(), first_cfg,
-                                                    {.print_progress = false});
+    st::trainer<model_type, batch_ramp> first(strata::test::blobs_mlp(), first_cfg,
+                                              {.print_progress = false});
     CHECK(strata::test::record(first).summary.stopped_by_max_steps);
   }
-  st::trainer<model_type, batch_ramp<1, 6>> second(
+  st::trainer<model_type, batch_ramp> second(
       strata::test::blobs_mlp(), training_config(dir / "resumed"), {.print_progress = false});
   const auto resumed = strata::test::record(second);
   CHECK_FALSE(resumed.summary.resumed_from.empty());
   CHECK(resumed.summary.params_xxh3 == straight.summary.params_xxh3);
 
+  // Its own keys are checked: a start above the full size, a zero length.
+  auto high = training_config(dir / "high", 5, 6);
+  CHECK_THROWS_WITH_AS(ramp_trainer_t(strata::test::blobs_mlp(), high, {.print_progress = false}),
+                       doctest::Contains("key 'policy.ramp_start'"), strata::config_error);
+  auto zero = training_config(dir / "zero", 1, 0);
+  CHECK_THROWS_WITH_AS(ramp_trainer_t(strata::test::blobs_mlp(), zero, {.print_progress = false}),
+                       doctest::Contains("key 'policy.ramp_steps'"), strata::config_error);
+
   // The keys of a policy the ramp is not are refused, naming the key.
   auto wrong = training_config(dir / "wrong");
   wrong.adaptive_batch_max = 64;
-  using ramp_trainer = st::trainer<model_type, batch_ramp<1, 6>>;
+  using ramp_trainer = st::trainer<model_type, batch_ramp>;
   CHECK_THROWS_WITH_AS(ramp_trainer(strata::test::blobs_mlp(), wrong, {.print_progress = false}),
                        doctest::Contains("adaptive_batch_max configures batch::adaptive"),
                        strata::config_error);

@@ -172,7 +172,7 @@ std::vector<std::uint64_t> all_reduce_bytes(const strata::config::train_config& 
 TEST_CASE("local SGD reads its period from [policy]; the trainer checks the table") {
   auto cfg = config("keys", 0);
   CHECK(contains(refusal(cfg), "key 'policy.local_sgd_period'"));
-  CHECK(contains(refusal(cfg), "out of range"));
+  CHECK(contains(refusal(cfg), "value 0 is out of range; allowed: 1 .. 1000000"));
   CHECK(contains(refusal(cfg), "read by policy local_sgd"));
   cfg.policy["local_sgd_period"] = "often";
   CHECK(contains(refusal(cfg), "expected an integer, got 'often'"));

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // parallel::data<parameter_server> and compress::topk (by all-gather and through the server).
-#include "strata/parallel/parameter_server.hpp"
+#include "strata/parallel/ps/exchange.hpp"
 
 #include <doctest/doctest.h>
 

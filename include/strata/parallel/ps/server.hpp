@@ -36,7 +36,7 @@
 #include "strata/model/param_store.hpp"
 #include "strata/optim/any_optimizer.hpp"
 #include "strata/parallel/executor.hpp"
-#include "strata/parallel/parameter_server.hpp"
+#include "strata/parallel/ps/exchange.hpp"
 #include "strata/parallel/topk.hpp"
 
 namespace strata::parallel {
