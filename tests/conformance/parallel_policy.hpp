@@ -12,6 +12,10 @@
 //     N x B (losses and parameters within the case's tolerance);
 //   - resume: a run stopped (at two steps, each mid-epoch) and resumed in a new trainer ends
 //     with the parameters of an uninterrupted run on every rank, bit for bit;
+//   - memory: each rank's model state right after construction, with AdamW, is what
+//     estimate_memory gives for the executor's shards: the bytes strata::host accounts
+//     (parameters, gradients, optimizer state), not helper vectors such as top-k's residual or
+//     the parameter server's exchange buffers;
 //   - the skip vote: with float16 and an overflow injected on the last rank only (into the part
 //     of the gradients it applies), the step is skipped on every rank, every rank skips the same
 //     steps, and (unless the ranks stay apart) they end with the same parameters.
@@ -23,6 +27,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <limits>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -31,9 +36,11 @@
 #include "strata/comm/any_comm.hpp"
 #include "strata/comm/threads.hpp"
 #include "strata/config/train_config.hpp"
+#include "strata/core/host.hpp"
 #include "strata/data/transforms.hpp"
 #include "strata/parallel/concepts.hpp"
 #include "strata/precision/mixed.hpp"
+#include "strata/train/estimate_memory.hpp"
 #include "strata/train/trainer.hpp"
 #include "unit/common/blobs.hpp"
 
@@ -48,6 +55,9 @@ struct parallel_case {
   double one_rank_tolerance = -1;  // >= 0: claims to train like one rank with ranks x the batch
   bool same_params = true;         // every rank ends with rank 0's parameters
   bool skips_together = true;      // run the float16 skip-vote check
+  // Each rank's model state (parameters, gradients, its shard of AdamW's state, as the host
+  // account counts them) is what estimate_memory says for the executor's shards.
+  bool memory_exact = true;
 };
 
 namespace detail {
@@ -184,6 +194,48 @@ parallel_report run_parallel_suite(const parallel_case& c) {
                "resume: rank " + std::to_string(i) + " did not resume");
     }
     detail::expect_same_params(r, resumed, straight, "resume after step " + std::to_string(stop));
+  }
+
+  if (c.memory_exact) {
+    config::train_config m = detail::case_config(c, "memory");
+    m.optimizer = config::optimizer_kind::adamw;
+    m.lr = 0.01;
+    using executor = typename Policy::executor;
+    const int shards = executor::shards(m, c.ranks);
+    const std::size_t want = train::estimate_memory(test::blobs_mlp(), 1,
+                                                    {.optimizer_state_per_parameter = 2,
+                                                     .shards = static_cast<std::size_t>(shards)})
+                                 .model_state();
+    std::vector<std::size_t> held(static_cast<std::size_t>(c.ranks));
+    const auto measure = [&](auto make, int rank) {
+      const std::size_t before = host{}.memory().stats().in_use;
+      auto t = make();
+      held[static_cast<std::size_t>(rank)] = host{}.memory().stats().in_use - before;
+    };
+    using trainer_t = train::trainer<decltype(test::blobs_mlp()), Policy>;
+    if constexpr (trainer_t::distributed) {
+      comm::threads::run(c.ranks, [&](comm::threads& comm) {
+        measure(
+            [&] {
+              return std::make_unique<trainer_t>(test::blobs_mlp(), m, comm::any_comm(comm),
+                                                 train::trainer_options{.print_progress = false});
+            },
+            comm.rank());
+      });
+    } else {
+      measure(
+          [&] {
+            return std::make_unique<trainer_t>(test::blobs_mlp(), m,
+                                               train::trainer_options{.print_progress = false});
+          },
+          0);
+    }
+    for (std::size_t i = 0; i < held.size(); ++i) {
+      r.expect(held[i] == want, "memory: rank " + std::to_string(i) + " holds " +
+                                    std::to_string(held[i]) + " bytes, estimate_memory says " +
+                                    std::to_string(want) + " for " + std::to_string(shards) +
+                                    " shard(s)");
+    }
   }
 
   if (c.skips_together) {

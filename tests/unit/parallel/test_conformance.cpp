@@ -112,7 +112,28 @@ struct forgetful_local_sgd : local_sgd {
   };
 };
 
+// A wrong policy: says its optimizer state is cut into one shard per rank, but keeps all of it.
+struct unsharded_claim : local_sgd {
+  class executor : public local_sgd::executor {
+   public:
+    using local_sgd::executor::executor;
+    static int shards(const sc::train_config&, int world) { return world; }
+  };
+};
+
 }  // namespace
+
+TEST_CASE("the parallel suite catches a policy whose memory is not what it claims") {
+  auto every = base();
+  every.policy["local_sgd_period"] = "1";
+  const auto r = strata::conformance::run_parallel_suite<unsharded_claim>(
+      {.name = "unsharded", .ranks = 2, .cfg = every, .skips_together = false});
+  bool memory_failed = false;
+  for (const std::string& f : r.failures) {
+    memory_failed = memory_failed || f.starts_with("memory: rank 0 holds");
+  }
+  CHECK(memory_failed);
+}
 
 TEST_CASE("the parallel suite catches a policy that does not resume its ranks") {
   auto apart = base();
