@@ -409,6 +409,7 @@ class push_to_servers final : public bucket_strategy {
 //   reducer.finish();                // before the optimizer: launches the rest, waits for all
 class bucket_reducer {
  public:
+  // No buckets: begin, poll and finish do nothing (an executor's reducer before begin_fit).
   bucket_reducer() = default;
   // flat_reduce. storage: the type the gradients are kept in (mixed precision): each bucket is
   // rounded through it as it starts, since the rounding of the whole buffer after backward would
@@ -474,13 +475,17 @@ class bucket_reducer {
 
   void begin(std::span<float> grads) {
     grads_ = grads;
-    time_->reset();
+    if (time_) {
+      time_->reset();
+    }
     next_ = 0;
     lowest_done_ = SIZE_MAX;
     part_group_ = SIZE_MAX;
     part_floats_ = 0;
     launched_.clear();
-    strategy_->begin(grads, buckets_);
+    if (strategy_) {
+      strategy_->begin(grads, buckets_);
+    }
   }
 
   // Every group >= `group` is complete: start each bucket that is now whole.
@@ -512,18 +517,20 @@ class bucket_reducer {
   // than from finish(); either way the step is lost. Hierarchical buckets: moves each bucket's
   // stages on and returns how many buckets are done. Parameter-server buckets: the push's
   // transfers done (push_to_servers).
-  std::size_t poll() { return strategy_->poll(); }
+  std::size_t poll() { return strategy_ ? strategy_->poll() : 0; }
 
   // The non-blocking reductions started so far this step (hierarchical: the buckets;
   // parameter-server buckets: the buckets pushed).
-  std::size_t reductions() const noexcept { return strategy_->reductions(); }
+  std::size_t reductions() const noexcept { return strategy_ ? strategy_->reductions() : 0; }
 
   // Starts the buckets not started yet and waits for all (the trainer times this itself).
   void finish() {
     while (next_ < buckets_.size()) {
       launch(next_++);
     }
-    strategy_->finish();
+    if (strategy_) {
+      strategy_->finish();
+    }
     if (!staging_.empty()) {
       // The averages come back from the wire type into the float32 gradients.
       for (const std::size_t b : launched_) {

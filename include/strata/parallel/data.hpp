@@ -28,11 +28,8 @@
 // (docs/parallel.md).
 
 #include <algorithm>
-#include <chrono>
 #include <cstddef>
 #include <cstdint>
-#include <deque>
-#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -41,14 +38,11 @@
 #include <utility>
 #include <vector>
 
-#include "strata/comm/algorithms.hpp"
 #include "strata/comm/any_comm.hpp"
 #include "strata/comm/types.hpp"
 #include "strata/config/train_config.hpp"
 #include "strata/core/dtype.hpp"
 #include "strata/core/policy.hpp"
-#include "strata/core/round.hpp"
-#include "strata/model/param_store.hpp"
 #include "strata/parallel/bucket_reducer.hpp"
 #include "strata/parallel/concepts.hpp"
 
@@ -255,24 +249,7 @@ struct zero1 {
   }
 };
 
-template <class P>
-inline constexpr bool is_data_parallel = false;
-template <>
-inline constexpr bool is_data_parallel<zero1> = true;
-template <class Sync, class Compressor>
-inline constexpr bool is_data_parallel<data<Sync, Compressor>> = true;
-
-// Whether a parallel policy synchronises by the hierarchical all-reduce.
-template <class P>
-inline constexpr bool is_hierarchical = false;
-template <class Compressor>
-inline constexpr bool is_hierarchical<data<hierarchical, Compressor>> = true;
-
-// Whether a parallel policy synchronises through a parameter server / by top-k compression.
-template <class P>
-inline constexpr bool is_parameter_server = false;
-template <class Compressor>
-inline constexpr bool is_parameter_server<data<parameter_server, Compressor>> = true;
+// Whether a parallel policy compresses by top-k.
 template <class P>
 inline constexpr bool is_topk = false;
 template <class Sync>

@@ -52,7 +52,7 @@
 
 namespace strata::parallel {
 
-class bucket_reducer;  // data.hpp: what backward starts as it completes gradient buckets
+class bucket_reducer;  // bucket_reducer.hpp: what backward starts as it completes gradient buckets
 
 // The precision policy's operations an executor may need.
 struct precision_ops {

@@ -25,7 +25,7 @@
 #include "strata/core/dtype.hpp"
 #include "strata/core/memory.hpp"
 #include "strata/model/param_store.hpp"
-#include "strata/parallel/data.hpp"
+#include "strata/parallel/bucket_reducer.hpp"
 #include "strata/parallel/executor.hpp"
 #include "strata/parallel/topk.hpp"
 

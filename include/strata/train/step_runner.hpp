@@ -26,7 +26,7 @@
 #include "strata/model/concepts.hpp"
 #include "strata/model/loss.hpp"
 #include "strata/model/param_store.hpp"
-#include "strata/parallel/data.hpp"
+#include "strata/parallel/bucket_reducer.hpp"
 #include "strata/train/estimate_memory.hpp"
 #include "strata/train/progress.hpp"
 #include "strata/train/trainer_support.hpp"

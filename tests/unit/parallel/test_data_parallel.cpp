@@ -107,6 +107,18 @@ TEST_CASE("buckets cover the gradients in backward order within the size limit")
   CHECK(several[2].first_group == 0);
 }
 
+TEST_CASE("a default bucket reducer has no buckets: begin, poll and finish do nothing") {
+  par::bucket_reducer none;
+  std::vector<float> grads(8, 1.0f);
+  none.begin(grads);
+  CHECK(none.poll() == 0);
+  CHECK(none.reductions() == 0);
+  none.finish();
+  CHECK(none.launch_order().empty());
+  CHECK(none.blocked_seconds() == 0.0);
+  CHECK(grads == std::vector<float>(8, 1.0f));
+}
+
 TEST_CASE("a bucket starts as soon as backward completes its groups") {
   const auto model = small_model();
   threads::run(2, [&](threads& c) {
