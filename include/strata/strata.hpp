@@ -8,3 +8,4 @@
 #include "strata/config.hpp"
 #include "strata/core.hpp"
 #include "strata/data.hpp"
+#include "strata/pipeline.hpp"

@@ -6,7 +6,7 @@ STRATA_PACKAGES=(
   cmake g++ make pkgconf
   libtomlplusplus-dev libcli11-dev doctest-dev nlohmann-json3-dev libxxhash-dev zlib1g-dev
   libeigen3-dev libopenblas-dev libdnnl-dev ocl-icd-opencl-dev libopenmpi-dev openmpi-bin
-  dataset-fashion-mnist clang-format clang libclang-rt-14-dev
+  dataset-fashion-mnist clang-format clang libclang-rt-14-dev python3-matplotlib
 )
 
 # How scripts/test and scripts/demo configure build/ (the same cache, so neither rebuilds the
