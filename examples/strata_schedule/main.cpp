@@ -33,7 +33,7 @@ namespace sp = strata::pipeline;
 namespace {
 
 struct options {
-  std::string schedule = "1f1b";
+  std::string schedule = "one_f_one_b";
   int stages = 4;
   int micro_batches = 8;
   int chunks = 2;
@@ -95,8 +95,9 @@ made make_for(const options& o) {
                                     ": this program has interleaved_1f1b for 2, 3 and 4 chunks");
     }
   }
-  throw std::invalid_argument("--schedule " + o.schedule +
-                              ": not one of gpipe, 1f1b, interleaved_1f1b, zero_bubble_h1");
+  throw std::invalid_argument(
+      "--schedule " + o.schedule +
+      ": not one of gpipe, one_f_one_b (1f1b), interleaved_1f1b, zero_bubble_h1");
 }
 
 // The interpreter that has matplotlib, or empty.
@@ -138,8 +139,10 @@ int draw_png(const made& m, const sp::simulation& run, const std::string& png) {
                               {"end", t.end}});
   }
   const std::filesystem::path dir = std::filesystem::temp_directory_path();
-  const std::filesystem::path json = dir / ("strata_schedule_" + std::to_string(::getpid()) + ".json");
-  const std::filesystem::path script = dir / ("strata_schedule_" + std::to_string(::getpid()) + ".py");
+  const std::filesystem::path json =
+      dir / ("strata_schedule_" + std::to_string(::getpid()) + ".json");
+  const std::filesystem::path script =
+      dir / ("strata_schedule_" + std::to_string(::getpid()) + ".py");
   std::ofstream(json) << data.dump();
   std::ofstream(script) << R"(import json, sys
 import matplotlib
@@ -179,7 +182,8 @@ fig.savefig(d["png"], dpi=120)
 int main(int argc, char** argv) {
   options o;
   CLI::App app("strata-schedule: a pipeline schedule's timeline from its lists");
-  app.add_option("--schedule", o.schedule, "gpipe, 1f1b, interleaved_1f1b or zero_bubble_h1")
+  app.add_option("--schedule", o.schedule,
+                 "gpipe, one_f_one_b (1f1b), interleaved_1f1b or zero_bubble_h1")
       ->capture_default_str();
   app.add_option("--stages,-p", o.stages, "pipeline stages (ranks)")->capture_default_str();
   app.add_option("--micro-batches,-m", o.micro_batches, "micro-batches per step")

@@ -42,13 +42,13 @@ findings run_schedule_suite(const schedule_suite_config& config = {}) {
                              .backward_input = 1.25,
                              .backward_weight = 0.75,
                              .transfer = 0.3,
-                             .stage_scale = {1.0, 1.7, 0.6, 1.3, 2.0, 0.9, 1.1, 0.5, 1.4, 0.8,
-                                             1.2, 1.9, 0.7, 1.5, 1.0, 0.6}};
+                             .stage_scale = {1.0, 1.7, 0.6, 1.3, 2.0, 0.9, 1.1, 0.5, 1.4, 0.8, 1.2,
+                                             1.9, 0.7, 1.5, 1.0, 0.6}};
   for (int p = 1; p <= config.max_stages; ++p) {
     for (int m = 1; m <= config.max_micro_batches; ++m) {
       const schedule_shape shape = shape_for<S>(p, m);
-      const std::string at = std::string(S::name) + " p " + std::to_string(p) + " m " +
-                             std::to_string(m) + ": ";
+      const std::string at =
+          std::string(S::name) + " p " + std::to_string(p) + " m " + std::to_string(m) + ": ";
       schedule_lists lists;
       try {
         lists = schedule.lists(shape);
@@ -90,15 +90,16 @@ findings run_schedule_suite(const schedule_suite_config& config = {}) {
           busy += b;
           f.expect(b <= run.makespan + 1e-9, at + "a rank busy for longer than the makespan");
         }
-        f.expect(busy > work - 1e-6 && busy < work + 1e-6,
-                 at + "busy " + std::to_string(busy) + ", the step's work is " +
-                     std::to_string(work));
+        f.expect(
+            busy > work - 1e-6 && busy < work + 1e-6,
+            at + "busy " + std::to_string(busy) + ", the step's work is " + std::to_string(work));
       }
     }
   }
-  for (const schedule_shape bad : {schedule_shape{.stages = 0, .micro_batches = 4, .chunks = S::chunks},
-                                   schedule_shape{.stages = 2, .micro_batches = 0, .chunks = S::chunks},
-                                   schedule_shape{.stages = 2, .micro_batches = 4, .chunks = S::chunks + 1}}) {
+  for (const schedule_shape bad :
+       {schedule_shape{.stages = 0, .micro_batches = 4, .chunks = S::chunks},
+        schedule_shape{.stages = 2, .micro_batches = 0, .chunks = S::chunks},
+        schedule_shape{.stages = 2, .micro_batches = 4, .chunks = S::chunks + 1}}) {
     bool refused = false;
     try {
       (void)schedule.lists(bad);

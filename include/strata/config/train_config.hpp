@@ -27,7 +27,7 @@ enum class comm_backend_kind { threads, mpi, nccl };
 enum class precision_dtype { float32, float16, bfloat16 };
 enum class lr_schedule_kind { constant, step, cosine };
 enum class optimizer_kind { sgd, adamw };
-enum class pipeline_schedule_kind { gpipe, one_f_one_b, interleaved_1f1b };
+enum class pipeline_schedule_kind { gpipe, one_f_one_b, interleaved_1f1b, zero_bubble_h1 };
 enum class gradient_sync_kind { all_reduce, parameter_server, hierarchical, all_gather };
 enum class compression_kind { none, float16, bfloat16, topk };
 enum class sampler_remainder_kind { pad, drop };
@@ -61,8 +61,8 @@ struct enum_names<optimizer_kind> {
 };
 template <>
 struct enum_names<pipeline_schedule_kind> {
-  static constexpr std::array<std::string_view, 3> names{"gpipe", "one_f_one_b",
-                                                         "interleaved_1f1b"};
+  static constexpr std::array<std::string_view, 4> names{"gpipe", "one_f_one_b", "interleaved_1f1b",
+                                                         "zero_bubble_h1"};
 };
 template <>
 struct enum_names<gradient_sync_kind> {
@@ -367,7 +367,7 @@ constexpr void visit_keys(Visitor&& v) {
   v(enum_key<pipeline_schedule_kind>{"pipeline_schedule", &c::pipeline_schedule,
                                      "Order of forward and backward micro-batches."});
   v(int_key{"micro_batches", &c::micro_batches, 1, 1 << 16,
-            "Micro-batches per step in a pipeline."});
+            "Pieces each loader batch is cut into for a pipeline (parallel::pipeline)."});
   v(enum_key<gradient_sync_kind>{"gradient_sync", &c::gradient_sync,
                                  "How data-parallel ranks combine gradients."});
   v(int_key{"bucket_size_mb", &c::bucket_size_mb, 1, 1 << 16,

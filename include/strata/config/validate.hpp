@@ -72,12 +72,11 @@ inline void validate(const train_config& cfg, std::string_view source = {}) {
                            s(cfg.pipeline_parallel_size) +
                            " does not equal world_size = " + s(cfg.world_size));
   }
-  if (cfg.pipeline_schedule == pipeline_schedule_kind::interleaved_1f1b &&
-      cfg.pipeline_parallel_size > 1 && cfg.micro_batches % cfg.pipeline_parallel_size != 0) {
-    throw config_error(at("micro_batches"),
-                       "pipeline_schedule = interleaved_1f1b needs micro_batches (" +
-                           s(cfg.micro_batches) + ") to be a multiple of pipeline_parallel_size (" +
-                           s(cfg.pipeline_parallel_size) + ")");
+  if (cfg.micro_batches > cfg.batch_size_per_gpu) {
+    throw config_error(at("micro_batches"), "micro_batches = " + s(cfg.micro_batches) +
+                                                " pieces of a batch of batch_size_per_gpu = " +
+                                                s(cfg.batch_size_per_gpu) +
+                                                " samples: each needs a sample");
   }
   if (cfg.adaptive_batch_min > cfg.adaptive_batch_max) {
     throw config_error(at("adaptive_batch_min"),

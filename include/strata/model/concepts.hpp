@@ -33,6 +33,13 @@
 //      (any bits, NaN included) and backward writes every element of them, giving what adding
 //      into zeros would. It saves a pass over the gradients per step (param_store::
 //      discard_grads). Default: false, and the container zeroes the layer's gradients first.
+//   9. split its backward in two, for pipeline schedules that run the weight gradients later
+//      (pipeline::zero_bubble_h1): `L::splits_backward` is a constant true when
+//      `l.backward_input(args)` writes only args.grad_input and `l.backward_weight(args)` only
+//      the parameter gradients (adding, or writing under write_grads; progress as backward),
+//      each exactly as backward would. backward_weight comes after backward_input with the same
+//      input and grad_output. Default: false, and the container runs the whole backward where
+//      the input-gradient pass goes (a layer without parameters needs nothing more).
 //
 // Tier 2: a type that cannot be changed takes part by specializing enable_layer to true and
 // layer_traits to adapt it; containers reach every layer only through layer_traits.
@@ -172,12 +179,31 @@ struct workspace_config {
   // recomputes a segment's forward (the same deterministic inputs, so the same bits) just
   // before going back through it.
   std::size_t checkpoint_every = 0;
+  // Keep what a separate weight-gradient pass needs (requirement 9): backward() then runs the
+  // input-gradient pass of the layers that split their backward (the whole backward of the
+  // others) and backward_weight() their weight pass. Not with checkpoint_every.
+  bool split_backward = false;
 
   friend bool operator==(const workspace_config&, const workspace_config&) = default;
 };
 
 inline std::string to_string(const workspace_config& c) {
-  return "workspace_config{.checkpoint_every = " + std::to_string(c.checkpoint_every) + "}";
+  return "workspace_config{.checkpoint_every = " + std::to_string(c.checkpoint_every) +
+         ", .split_backward = " + (c.split_backward ? "true" : "false") + "}";
+}
+
+// Consecutive layers [first, last) of a model: what one pipeline stage (or one chunk of an
+// interleaved stage) runs.
+struct layer_range {
+  std::size_t first = 0;
+  std::size_t last = 0;
+
+  constexpr std::size_t size() const noexcept { return last - first; }
+  friend constexpr bool operator==(const layer_range&, const layer_range&) = default;
+};
+
+inline std::string to_string(const layer_range& r) {
+  return "layers " + std::to_string(r.first) + ".." + std::to_string(r.last - 1);
 }
 
 // How one forward pass of a model runs.
@@ -259,6 +285,35 @@ struct layer_traits {
   static void backward(const L& l, const backward_args& a) requires requires { l.backward(a); }
   { l.backward(a); }
 
+  // Requirement 9: whether backward splits into backward_input and backward_weight.
+  static constexpr bool splits_backward() {
+    if constexpr (requires { L::splits_backward; }) {
+      static_assert(std::is_same_v<std::remove_cv_t<decltype(L::splits_backward)>, bool>,
+                    "model: a layer's splits_backward must be 'static constexpr bool "
+                    "splits_backward = true;' (requirement 9)");
+      static_assert(
+          !L::splits_backward ||
+              requires(const L& l, const backward_args& a) {
+                l.backward_input(a);
+                l.backward_weight(a);
+              },
+          "model: a layer with splits_backward = true needs 'void backward_input(const "
+          "strata::model::backward_args&) const' and 'void backward_weight(const "
+          "strata::model::backward_args&) const' (requirement 9)");
+      return L::splits_backward;
+    } else {
+      return false;
+    }
+  }
+  static void backward_input(const L& l, const backward_args& a) requires requires {
+    l.backward_input(a);
+  }
+  { l.backward_input(a); }
+  static void backward_weight(const L& l, const backward_args& a) requires requires {
+    l.backward_weight(a);
+  }
+  { l.backward_weight(a); }
+
   static std::vector<param_spec> parameters(const L& l, const sample_shape& in) {
     if constexpr (requires {
                     { l.parameters(in) } -> std::convertible_to<std::vector<param_spec>>;
@@ -299,6 +354,18 @@ constexpr bool layer_writes_grads() {
                   { layer_traits<L>::writes_grads() } -> std::convertible_to<bool>;
                 }) {
     return layer_traits<L>::writes_grads();
+  } else {
+    return false;
+  }
+}
+
+// Requirement 9 as containers ask it: false also for traits specialized without it (tier 2).
+template <class L>
+constexpr bool layer_splits_backward() {
+  if constexpr (requires {
+                  { layer_traits<L>::splits_backward() } -> std::convertible_to<bool>;
+                }) {
+    return layer_traits<L>::splits_backward();
   } else {
     return false;
   }
@@ -396,6 +463,8 @@ constexpr bool check_layer() {
                 "model: a layer needs 'void forward(const strata::model::forward_args&) const'");
   static_assert(layer_backwards<L>,
                 "model: a layer needs 'void backward(const strata::model::backward_args&) const'");
+  // Requirement 9 checks itself where it is asked (layer_traits::splits_backward).
+  (void)layer_splits_backward<L>();
   return true;
 }
 

@@ -14,7 +14,8 @@
 // state: backward reads args.input. Asked for parts (backward_args::progress), backward computes
 // the weight gradient in blocks of rows (at least min_part_rows) and reports each; the bias
 // gradient comes last, final when backward returns. It writes its gradients rather than adding
-// when asked (backward_args::write_grads).
+// when asked (backward_args::write_grads). Its backward splits (requirement 9): backward_input
+// is dx = dy W, backward_weight the weight and bias gradients.
 
 #include <Eigen/Core>
 #include <algorithm>
@@ -36,6 +37,8 @@ struct linear {
   // Requirement 8: after param_store::discard_grads the weight gradient's product overwrites
   // (beta = 0) and the bias gradient is assigned, so no pass zeroes them first.
   static constexpr bool writes_grads = true;
+  // Requirement 9: backward = backward_weight, then backward_input.
+  static constexpr bool splits_backward = true;
 
   std::size_t in = 0;   // input features, at least 1
   std::size_t out = 0;  // output features, at least 1
@@ -105,11 +108,15 @@ struct linear {
   }
 
   void backward(const backward_args& args) const {
+    backward_weight(args);
+    backward_input(args);
+  }
+
+  // The weight and bias gradients of backward.
+  void backward_weight(const backward_args& args) const {
     assert(args.input.size() == args.batch * in && "linear: input must hold batch x in floats");
     assert(args.grad_output.size() == args.batch * out &&
            "linear: grad_output must hold batch x out floats");
-    assert((args.grad_input.empty() || args.grad_input.size() == args.batch * in) &&
-           "linear: grad_input must be empty or hold batch x in floats");
     assert(args.params.size() == parameter_elements() && "linear: params size mismatch");
     assert(args.grads.size() == parameter_elements() && "linear: grads size mismatch");
     if (args.batch == 0) {
@@ -150,11 +157,20 @@ struct linear {
         db += dy_rows.colwise().sum();
       }
     }
-    if (!args.grad_input.empty()) {
-      // dx = dy W
-      gemm({.bfloat16_inputs = bf16}, args.batch, in, out, 1.0f, dy, out, args.params.data(), in,
-           0.0f, args.grad_input.data(), in);
+  }
+
+  // The input gradient of backward: dx = dy W (nothing when args.grad_input is empty).
+  void backward_input(const backward_args& args) const {
+    assert(args.grad_output.size() == args.batch * out &&
+           "linear: grad_output must hold batch x out floats");
+    assert((args.grad_input.empty() || args.grad_input.size() == args.batch * in) &&
+           "linear: grad_input must be empty or hold batch x in floats");
+    if (args.batch == 0 || args.grad_input.empty()) {
+      return;
     }
+    const bool bf16 = args.storage == dtype::bfloat16;
+    gemm({.bfloat16_inputs = bf16}, args.batch, in, out, 1.0f, args.grad_output.data(), out,
+         args.params.data(), in, 0.0f, args.grad_input.data(), in);
   }
 
   // The fewest rows of the weight gradient computed at once when asked for parts.

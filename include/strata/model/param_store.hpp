@@ -32,6 +32,9 @@ struct param_entry {
   param_spec spec{};
   std::size_t offset = 0;  // in floats, from the start of the buffer
   std::size_t group = 0;
+  // The tensor's place among the whole model's tensors: its initial values are drawn from it
+  // (initialize), so a store holding part of the model (a pipeline stage) starts as the whole.
+  std::size_t index = 0;
 
   friend bool operator==(const param_entry&, const param_entry&) = default;
 };
@@ -50,6 +53,10 @@ struct param_store_config {
   // The buffers hold a multiple of this many floats (zeros at the end): sharding over n ranks
   // asks for n x 16, so that every rank's shard is as long and starts on 64 bytes.
   std::size_t size_multiple = 1;
+  // For a store that holds part of a model (the layers of a pipeline stage): the index, among the
+  // whole model's tensors, of each group's first tensor. Empty: the store is the whole model,
+  // its tensors numbered in order.
+  std::vector<std::size_t> group_first_tensor{};
 
   friend bool operator==(const param_store_config&, const param_store_config&) = default;
 };
@@ -70,14 +77,24 @@ class param_store {
       throw std::invalid_argument("param_store: alignment " + std::to_string(config_.alignment) +
                                   " is not a power of two of at least 4 bytes");
     }
+    if (!config_.group_first_tensor.empty() && config_.group_first_tensor.size() != groups.size()) {
+      throw std::invalid_argument("param_store: group_first_tensor has " +
+                                  std::to_string(config_.group_first_tensor.size()) +
+                                  " entries for " + std::to_string(groups.size()) + " groups");
+    }
     const std::size_t align = config_.alignment / sizeof(float);
     std::size_t offset = 0;
     for (std::size_t g = 0; g < groups.size(); ++g) {
       offset = (offset + align - 1) / align * align;
       param_group group{.name = group_names[g], .offset = offset, .elements = 0};
+      std::size_t index =
+          config_.group_first_tensor.empty() ? entries_.size() : config_.group_first_tensor[g];
       for (const param_spec& spec : groups[g]) {
-        entries_.push_back(
-            {.name = group_names[g] + "." + spec.name, .spec = spec, .offset = offset, .group = g});
+        entries_.push_back({.name = group_names[g] + "." + spec.name,
+                            .spec = spec,
+                            .offset = offset,
+                            .group = g,
+                            .index = index++});
         offset += spec.elements();
         group.elements += spec.elements();
       }
@@ -204,14 +221,14 @@ class param_store {
   }
   bool grads_discarded() const noexcept { return grads_discarded_; }
 
-  // Seeded initialisation of every tensor by its init_kind: tensor t draws from the stream
-  // (seed, epoch 0, sample t, substream 0x1A17), so a tensor's values do not depend on the
-  // others, on the alignment or on how the model is split across ranks.
+  // Seeded initialisation of every tensor by its init_kind: tensor t of the whole model
+  // (param_entry::index) draws from the stream (seed, epoch 0, sample t, substream 0x1A17), so
+  // a tensor's values do not depend on the others, on the alignment or on how the model is split
+  // across ranks.
   void initialize(std::uint64_t seed) {
-    for (std::size_t t = 0; t < entries_.size(); ++t) {
-      const param_entry& e = entries_[t];
+    for (const param_entry& e : entries_) {
       std::span<float> out = values_.span().subspan(e.offset, e.spec.elements());
-      rng_stream rng = rng_stream::for_sample(seed, 0, t, init_substream);
+      rng_stream rng = rng_stream::for_sample(seed, 0, e.index, init_substream);
       fill(out, e.spec, rng);
     }
   }

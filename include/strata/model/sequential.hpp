@@ -21,6 +21,15 @@
 // parameter-free layer with no input gradient to give is not run backward at all.
 // With run_options.storage float16 or bfloat16, every layer output and input gradient is
 // rounded through that type as it is written (mixed precision on the host).
+//
+// A pipeline stage runs part of the layers: make_params(config, ranges) makes a store of the
+// layers in `ranges` only (the groups keep the whole model's names and initial values), and
+// make_workspace(capacity, config, range, group) a workspace that runs layers [range.first,
+// range.last) on the store's groups from `group` on: forward takes the range's input and returns
+// its output, backward takes the gradient of that output and leaves the gradient of the input
+// in grad_input(w) (when a layer in front of the range has parameters). With
+// workspace_config::split_backward, backward runs the input-gradient passes only (whole
+// backwards for layers that cannot split) and backward_weight the weight passes.
 
 #include <algorithm>
 #include <array>
@@ -61,6 +70,12 @@ class sequential_workspace {
   }
   // Floats of activations and saved state only (without the two gradient buffers).
   std::size_t activation_floats() const noexcept { return floats() - gradient_floats_; }
+  // The layers it runs and the store group of the first one.
+  layer_range range() const noexcept { return range_; }
+  std::size_t first_group() const noexcept { return group_base_; }
+  // The gradient of the range's input from the last backward; empty when no layer in front of
+  // the range has parameters (nobody needs it).
+  std::span<const float> grad_input() const noexcept { return grad_input_; }
 
  private:
   template <class...>
@@ -78,6 +93,11 @@ class sequential_workspace {
   float* grad_a_ = nullptr;
   float* grad_b_ = nullptr;
   std::size_t gradient_floats_ = 0;
+  layer_range range_{};
+  std::size_t group_base_ = 0;
+  std::span<const float> grad_input_{};
+  std::vector<float*> kept_grad_output_{};  // split_backward: per layer, its grad_output for W
+  bool weights_pending_ = false;            // split_backward: backward done, W not yet
 };
 
 template <class... Layers>
@@ -145,6 +165,29 @@ class sequential {
     return param_store(group_names(), parameter_groups(), config);
   }
 
+  // The store of the layers in `ranges` only (a pipeline rank's chunks, in the order given): the
+  // groups keep the whole model's names ("<layer>") and draw the whole model's initial values.
+  param_store make_params(param_store_config config, std::span<const layer_range> ranges) const {
+    const auto names = group_names();
+    const auto groups = parameter_groups();
+    std::vector<std::size_t> first_tensor(layer_count + 1, 0);
+    for (std::size_t i = 0; i < layer_count; ++i) {
+      first_tensor[i + 1] = first_tensor[i] + groups[i].size();
+    }
+    std::vector<std::string> part_names;
+    std::vector<std::vector<param_spec>> part_groups;
+    config.group_first_tensor.clear();
+    for (const layer_range& r : ranges) {
+      check_range(r);
+      for (std::size_t i = r.first; i < r.last; ++i) {
+        part_names.push_back(names[i]);
+        part_groups.push_back(groups[i]);
+        config.group_first_tensor.push_back(first_tensor[i]);
+      }
+    }
+    return param_store(part_names, part_groups, config);
+  }
+
   // Per-sample cost of each layer, and their sum.
   std::vector<layer_cost> costs() const {
     std::vector<layer_cost> out(layer_count);
@@ -163,7 +206,11 @@ class sequential {
 
   // Floats a workspace for `batch` samples holds (ask before allocating).
   std::size_t workspace_floats(std::size_t batch, workspace_config config = {}) const {
-    const plan p = make_plan(batch, config);
+    return workspace_floats(batch, config, {0, layer_count});
+  }
+  std::size_t workspace_floats(std::size_t batch, workspace_config config,
+                               layer_range range) const {
+    const plan p = make_plan(batch, config, range);
     std::size_t n = 0;
     for (std::size_t size : p.buffers) {
       n += size;
@@ -172,19 +219,35 @@ class sequential {
   }
 
   sequential_workspace make_workspace(std::size_t capacity, workspace_config config = {}) const {
+    return make_workspace(capacity, config, {0, layer_count}, 0);
+  }
+
+  // A workspace that runs layers `range` on the store's groups from `first_group` on.
+  sequential_workspace make_workspace(std::size_t capacity, workspace_config config,
+                                      layer_range range, std::size_t first_group) const {
     if (capacity == 0) {
       throw std::invalid_argument("sequential: a workspace needs a capacity of at least 1");
     }
-    const plan p = make_plan(capacity, config);
+    check_range(range);
+    if (config.split_backward && config.checkpoint_every != 0) {
+      throw std::invalid_argument(
+          "sequential: split_backward keeps every layer's input for the weight pass; it does not "
+          "go with checkpoint_every = " +
+          std::to_string(config.checkpoint_every));
+    }
+    const plan p = make_plan(capacity, config, range);
     sequential_workspace w;
     w.capacity_ = capacity;
     w.config_ = config;
+    w.range_ = range;
+    w.group_base_ = first_group;
     for (std::size_t size : p.buffers) {
       w.owned_.emplace_back(size);
     }
     for (std::size_t i = 0; i < layer_count; ++i) {
       w.outputs_.push_back(w.owned_[p.output_buffer[i]].data());
       w.saved_.push_back(w.owned_[p.saved_buffer[i]].data());
+      w.kept_grad_output_.push_back(w.owned_[p.grad_output_buffer[i]].data());
     }
     w.grad_a_ = w.owned_[p.grad_a].data();
     w.grad_b_ = w.owned_[p.grad_b].data();
@@ -192,26 +255,29 @@ class sequential {
     return w;
   }
 
-  // Runs the layers on `batch` samples of `input` (batch x input_shape().elements()) and
-  // returns the output (batch x output_shape().elements()), valid until the next forward.
+  // Runs the workspace's layers on `batch` samples of `input` (batch x the range's input
+  // elements; the model's input for a whole-model workspace) and returns their output (batch x
+  // output elements), valid until the next forward.
   std::span<const float> forward(sequential_workspace& w, const param_store& params,
                                  std::span<const float> input, std::size_t batch,
                                  const run_options& options = {}) const {
     check_batch(w, batch, "forward");
-    if (input.size() != batch * shapes_[0].elements()) {
+    const layer_range r = w.range_;
+    if (input.size() != batch * shapes_[r.first].elements()) {
       throw std::invalid_argument("sequential::forward: input has " + std::to_string(input.size()) +
                                   " floats, " + std::to_string(batch) + " samples of " +
-                                  to_string(shapes_[0]) + " need " +
-                                  std::to_string(batch * shapes_[0].elements()));
+                                  to_string(shapes_[r.first]) + " need " +
+                                  std::to_string(batch * shapes_[r.first].elements()));
     }
-    check_params(params);
+    check_params(w, params);
     w.batch_ = batch;
     w.input_ = input;
     w.options_ = options;
     w.forward_done_ = false;
-    forward_range(w, params, 0, layer_count);
+    w.weights_pending_ = false;
+    forward_range(w, params, r.first, r.last);
     w.forward_done_ = true;
-    return output_of(w, layer_count - 1, batch);
+    return output_of(w, r.last - 1, batch);
   }
 
   // Back-propagates grad_output (batch x output elements, for the batch of the last forward)
@@ -222,9 +288,10 @@ class sequential {
     backward(w, params, grad_output, [](std::size_t) {});
   }
 
-  // The same, calling after_layer(i) as soon as layer i's parameter gradients are complete
-  // (layers in reverse order; i is also the parameter group): data parallelism starts
-  // communicating a bucket of gradients while the layers before it are still going back.
+  // The same, calling after_layer(g) as soon as the layer of store group g has its parameter
+  // gradients complete (layers in reverse order; for a whole-model workspace g is the layer):
+  // data parallelism starts communicating a bucket of gradients while the layers before it are
+  // still going back.
   template <class AfterLayer>
   void backward(sequential_workspace& w, param_store& params, std::span<const float> grad_output,
                 AfterLayer&& after_layer) const {
@@ -233,10 +300,12 @@ class sequential {
   }
 
   // The same, also passing `chunk` to the layers (backward_args::progress) and calling
-  // part_done(i, n) whenever layer i reports the first n elements of its parameter gradients
-  // final; linear reports blocks of rows of its weight gradient of at least `chunk` floats, so
-  // data parallelism starts reducing a large layer's first bucket while the layer computes the
-  // rest. chunk = 0: layers compute their gradients whole.
+  // part_done(g, n) whenever the layer of group g reports the first n elements of its parameter
+  // gradients final; linear reports blocks of rows of its weight gradient of at least `chunk`
+  // floats, so data parallelism starts reducing a large layer's first bucket while the layer
+  // computes the rest. chunk = 0: layers compute their gradients whole.
+  // With split_backward, the layers that split run their input-gradient pass only (after_layer
+  // and part_done are then called by backward_weight for them).
   template <class AfterLayer, class PartDone>
   void backward(sequential_workspace& w, param_store& params, std::span<const float> grad_output,
                 AfterLayer&& after_layer, PartDone&& part_done, std::size_t chunk) const {
@@ -244,37 +313,42 @@ class sequential {
       throw std::logic_error("sequential::backward: no forward pass to go back through");
     }
     const std::size_t batch = w.batch_;
-    if (grad_output.size() != batch * output_shape().elements()) {
+    const layer_range r = w.range_;
+    if (grad_output.size() != batch * shapes_[r.last].elements()) {
       throw std::invalid_argument("sequential::backward: grad_output has " +
                                   std::to_string(grad_output.size()) + " floats, expected " +
-                                  std::to_string(batch * output_shape().elements()));
+                                  std::to_string(batch * shapes_[r.last].elements()));
     }
-    check_params(params);
+    check_params(w, params);
+    const bool split = w.config_.split_backward;
     // Discarded gradients (param_store::discard_grads): each layer writes its own (writes_grads)
-    // or finds them zeroed here, so no pass over all of them comes first.
+    // or finds them zeroed here, so no pass over all of them comes first. A workspace that runs
+    // part of the store's groups, or leaves weight passes for later, has them zeroed first.
+    if (params.grads_discarded() &&
+        (split || w.group_base_ != 0 || r.size() != params.groups().size())) {
+      (void)params.grads();
+    }
     const bool fresh = params.grads_discarded();
     std::span<const float> upstream = grad_output;
     bool into_a = true;
     const std::size_t k = w.config_.checkpoint_every;
+    w.grad_input_ = {};
     for_each_layer_reverse([&]<std::size_t I>(const auto& l) {
-      if (k > 0 && (I + 1 == layer_count || (I + 1) % k == 0)) {
-        // The last layer of a segment: recompute the segment's forward first.
-        forward_range(w, params, I - I % k, I + 1);
+      if (I < r.first || I >= r.last) {
+        return;
       }
-      backward_args a;
-      a.batch = batch;
-      a.in_shape = shapes_[I];
-      a.out_shape = shapes_[I + 1];
-      a.input = I == 0 ? w.input_ : output_of(w, I - 1, batch);
-      a.output = output_of(w, I, batch);
+      if (k > 0 && (I + 1 == r.last || (I + 1) % k == 0)) {
+        // The last layer of a segment: recompute the segment's forward first.
+        forward_range(w, params, std::max(r.first, I - I % k), I + 1);
+      }
+      const std::size_t g = I - r.first + w.group_base_;
+      backward_args a = backward_args_of<I>(w, params, l, batch, g);
       a.grad_output = upstream;
       std::span<float> grad_in{};
       if (wants_grad_input_[I]) {
         grad_in = std::span<float>(into_a ? w.grad_a_ : w.grad_b_, batch * shapes_[I].elements());
       }
       a.grad_input = grad_in;
-      a.params = params.group_values(I);
-      a.grads = params.group_grads_to_write(I);
       if (fresh) {
         if constexpr (layer_writes_grads<layer_t<I>>()) {
           a.write_grads = true;
@@ -282,31 +356,82 @@ class sequential {
           std::fill(a.grads.begin(), a.grads.end(), 0.0f);
         }
       }
-      a.workspace = saved_of(w, I, l, batch);
-      a.storage = w.options_.storage;
-      // What the layer reports goes to part_done with the layer's index.
+      // What the layer reports goes to part_done with the layer's group.
       struct part_target {
         std::remove_reference_t<PartDone>* part_done;
-        std::size_t layer;
-      } target{std::addressof(part_done), I};
+        std::size_t group;
+      } target{std::addressof(part_done), g};
       if (chunk > 0 && !a.grads.empty()) {
         a.progress = {.report =
                           [](void* context, std::size_t n) {
                             const auto* t = static_cast<part_target*>(context);
-                            (*t->part_done)(t->layer, n);
+                            (*t->part_done)(t->group, n);
                           },
                       .context = &target,
                       .chunk = chunk};
       }
-      if (!a.grads.empty() || !grad_in.empty()) {
-        layer_traits<layer_t<I>>::backward(l, a);
-        round_through(grad_in, w.options_.storage);
+      bool weights_later = false;
+      if constexpr (layer_splits_backward<layer_t<I>>()) {
+        if (split && !a.grads.empty()) {
+          // The weight pass reads this grad_output later: keep a copy (the ping-pong buffers
+          // are overwritten further down).
+          float* kept = w.kept_grad_output_[I];
+          std::copy(upstream.begin(), upstream.end(), kept);
+          if (!grad_in.empty()) {
+            layer_traits<layer_t<I>>::backward_input(l, a);
+            round_through(grad_in, w.options_.storage);
+          }
+          weights_later = true;
+        }
       }
-      after_layer(I);
+      if (!weights_later) {
+        if (!a.grads.empty() || !grad_in.empty()) {
+          layer_traits<layer_t<I>>::backward(l, a);
+          round_through(grad_in, w.options_.storage);
+        }
+        after_layer(g);
+      }
       upstream = grad_in;
       into_a = !into_a;
     });
+    w.grad_input_ = upstream;
+    w.weights_pending_ = split;
     params.grads_written();
+  }
+
+  // split_backward: the weight passes the last backward left (after_layer(g) after each, in
+  // reverse layer order), adding into params.grads().
+  void backward_weight(sequential_workspace& w, param_store& params) const {
+    backward_weight(w, params, [](std::size_t) {});
+  }
+  template <class AfterLayer>
+  void backward_weight(sequential_workspace& w, param_store& params,
+                       AfterLayer&& after_layer) const {
+    if (!w.weights_pending_) {
+      throw std::logic_error(
+          "sequential::backward_weight: no input-gradient pass (a backward with split_backward) "
+          "waiting for its weight pass");
+    }
+    check_params(w, params);
+    const std::size_t batch = w.batch_;
+    const layer_range r = w.range_;
+    for_each_layer_reverse([&]<std::size_t I>(const auto& l) {
+      if constexpr (layer_splits_backward<layer_t<I>>()) {
+        if (I < r.first || I >= r.last) {
+          return;
+        }
+        const std::size_t g = I - r.first + w.group_base_;
+        backward_args a = backward_args_of<I>(w, params, l, batch, g);
+        if (a.grads.empty()) {
+          return;
+        }
+        a.grad_output =
+            std::span<const float>(w.kept_grad_output_[I], batch * shapes_[I + 1].elements());
+        layer_traits<layer_t<I>>::backward_weight(l, a);
+        after_layer(g);
+      }
+    });
+    w.weights_pending_ = false;
   }
 
  private:
@@ -329,10 +454,35 @@ class sequential {
     (std::index_sequence_for<Layers...>{});
   }
 
-  std::size_t max_elements() const noexcept {
+  // The arguments of layer I's backward passes without grad_output and grad_input.
+  template <std::size_t I, class L>
+  backward_args backward_args_of(sequential_workspace& w, param_store& params, const L& l,
+                                 std::size_t batch, std::size_t group) const {
+    backward_args a;
+    a.batch = batch;
+    a.in_shape = shapes_[I];
+    a.out_shape = shapes_[I + 1];
+    a.input = I == w.range_.first ? w.input_ : output_of(w, I - 1, batch);
+    a.output = output_of(w, I, batch);
+    a.params = params.group_values(group);
+    a.grads = params.group_grads_to_write(group);
+    a.workspace = saved_of(w, I, l, batch);
+    a.storage = w.options_.storage;
+    return a;
+  }
+
+  void check_range(const layer_range& r) const {
+    if (r.first >= r.last || r.last > layer_count) {
+      throw std::invalid_argument("sequential: layers [" + std::to_string(r.first) + ", " +
+                                  std::to_string(r.last) + ") are not a run of the model's " +
+                                  std::to_string(layer_count) + " layers");
+    }
+  }
+
+  std::size_t max_elements(const layer_range& r) const noexcept {
     std::size_t m = 0;
-    for (const auto& s : shapes_) {
-      m = s.elements() > m ? s.elements() : m;
+    for (std::size_t i = r.first; i <= r.last; ++i) {
+      m = shapes_[i].elements() > m ? shapes_[i].elements() : m;
     }
     return m;
   }
@@ -361,9 +511,9 @@ class sequential {
       a.batch = batch;
       a.in_shape = shapes_[I];
       a.out_shape = shapes_[I + 1];
-      a.input = I == 0 ? w.input_ : output_of(w, I - 1, batch);
+      a.input = I == w.range_.first ? w.input_ : output_of(w, I - 1, batch);
       a.output = output_of(w, I, batch);
-      a.params = params.group_values(I);
+      a.params = params.group_values(I - w.range_.first + w.group_base_);
       a.workspace = saved_of(w, I, l, batch);
       a.training = options.training;
       a.rng = {.seed = options.seed, .step = options.step, .layer = static_cast<std::uint32_t>(I)};
@@ -374,39 +524,52 @@ class sequential {
     });
   }
 
-  // Which buffer holds each layer's output and saved state. Without checkpointing every layer
-  // has its own. With segments of k, the last layer of each segment keeps its own output; the
-  // other outputs share k - 1 slots (slot = position in the segment) and every saved state
+  // Which buffer holds each layer's output, saved state and (split_backward) kept gradient.
+  // Layers outside the range share one empty buffer. Without checkpointing every layer of the
+  // range has its own. With segments of k, the last layer of each segment keeps its own output;
+  // the other outputs share k - 1 slots (slot = position in the segment) and every saved state
   // shares k slots, each slot as large as its largest user, since only one segment's inner
   // activations are alive at a time.
   struct plan {
     std::vector<std::size_t> buffers{};  // sizes in floats
     std::vector<std::size_t> output_buffer{};
     std::vector<std::size_t> saved_buffer{};
+    std::vector<std::size_t> grad_output_buffer{};
     std::size_t grad_a = 0;
     std::size_t grad_b = 0;
   };
 
-  plan make_plan(std::size_t batch, const workspace_config& config) const {
+  plan make_plan(std::size_t batch, const workspace_config& config, const layer_range& r) const {
     plan p;
+    p.buffers.push_back(0);  // buffer 0: empty, for what the range does not use
+    p.output_buffer.assign(layer_count, 0);
+    p.saved_buffer.assign(layer_count, 0);
+    p.grad_output_buffer.assign(layer_count, 0);
     std::array<std::size_t, layer_count> saved_sizes{};
+    std::array<bool, layer_count> splits{};
+    const auto groups = parameter_groups();
     for_each_layer([&]<std::size_t I>(const auto& l) {
       saved_sizes[I] = layer_traits<layer_t<I>>::workspace_elements(l, shapes_[I], batch);
+      splits[I] = layer_splits_backward<layer_t<I>>() && !groups[I].empty();
     });
     const std::size_t k = config.checkpoint_every;
     if (k == 0) {
-      for (std::size_t i = 0; i < layer_count; ++i) {
-        p.output_buffer.push_back(p.buffers.size());
+      for (std::size_t i = r.first; i < r.last; ++i) {
+        p.output_buffer[i] = p.buffers.size();
         p.buffers.push_back(batch * shapes_[i + 1].elements());
-        p.saved_buffer.push_back(p.buffers.size());
+        p.saved_buffer[i] = p.buffers.size();
         p.buffers.push_back(saved_sizes[i]);
+        if (config.split_backward && splits[i]) {
+          p.grad_output_buffer[i] = p.buffers.size();
+          p.buffers.push_back(batch * shapes_[i + 1].elements());
+        }
       }
     } else {
       std::vector<std::size_t> output_slot(k, 0);
       std::vector<std::size_t> saved_slot(k, 0);
-      for (std::size_t i = 0; i < layer_count; ++i) {
+      for (std::size_t i = r.first; i < r.last; ++i) {
         saved_slot[i % k] = std::max(saved_slot[i % k], saved_sizes[i]);
-        if (!keeps_output(i, k)) {
+        if (!keeps_output(i, k, r)) {
           output_slot[i % k] = std::max(output_slot[i % k], batch * shapes_[i + 1].elements());
         }
       }
@@ -414,25 +577,25 @@ class sequential {
       p.buffers.insert(p.buffers.end(), output_slot.begin(), output_slot.end());
       const std::size_t saved_base = p.buffers.size();
       p.buffers.insert(p.buffers.end(), saved_slot.begin(), saved_slot.end());
-      for (std::size_t i = 0; i < layer_count; ++i) {
-        if (keeps_output(i, k)) {
-          p.output_buffer.push_back(p.buffers.size());
+      for (std::size_t i = r.first; i < r.last; ++i) {
+        if (keeps_output(i, k, r)) {
+          p.output_buffer[i] = p.buffers.size();
           p.buffers.push_back(batch * shapes_[i + 1].elements());
         } else {
-          p.output_buffer.push_back(output_base + i % k);
+          p.output_buffer[i] = output_base + i % k;
         }
-        p.saved_buffer.push_back(saved_base + i % k);
+        p.saved_buffer[i] = saved_base + i % k;
       }
     }
     p.grad_a = p.buffers.size();
-    p.buffers.push_back(batch * max_elements());
+    p.buffers.push_back(batch * max_elements(r));
     p.grad_b = p.buffers.size();
-    p.buffers.push_back(batch * max_elements());
+    p.buffers.push_back(batch * max_elements(r));
     return p;
   }
 
-  static bool keeps_output(std::size_t i, std::size_t k) noexcept {
-    return i + 1 == layer_count || (i + 1) % k == 0;
+  static bool keeps_output(std::size_t i, std::size_t k, const layer_range& r) noexcept {
+    return i + 1 == r.last || (i + 1) % k == 0;
   }
 
   void check_batch(const sequential_workspace& w, std::size_t batch, const char* op) const {
@@ -447,8 +610,15 @@ class sequential {
     }
   }
 
-  void check_params(const param_store& params) const {
-    if (params.groups().size() != layer_count) {
+  void check_params(const sequential_workspace& w, const param_store& params) const {
+    if (params.groups().size() < w.group_base_ + w.range_.size()) {
+      throw std::invalid_argument("sequential: the param_store has " +
+                                  std::to_string(params.groups().size()) +
+                                  " groups, the workspace runs " + std::to_string(w.range_.size()) +
+                                  " layers from group " + std::to_string(w.group_base_));
+    }
+    if (w.group_base_ == 0 && w.range_.first == 0 && w.range_.last == layer_count &&
+        params.groups().size() != layer_count) {
       throw std::invalid_argument("sequential: the param_store has " +
                                   std::to_string(params.groups().size()) + " groups, the model " +
                                   std::to_string(layer_count) + " layers");

@@ -112,6 +112,7 @@ struct parallel_keys {
   bool hierarchical = false;             // hierarchy_group_size
   bool sharded = false;                  // zero1 (zero_stage = 1)
   bool bucketed = false;                 // gradient buckets (bucket_launch)
+  bool pipeline = false;                 // pipeline stages (pipeline_* keys, micro_batches)
   dtype wire = dtype::float32;           // compress::cast<T>: T (gradient_compression)
   std::string_view parallel{};           // the policy's name, for the messages
   std::string_view sync = "all_reduce";  // its gradient synchronisation (gradient_sync)
@@ -173,6 +174,19 @@ inline void refuse_foreign_keys(const parallel_keys& k, const config::train_conf
                                   "parallel::data<parallel::all_gather | parameter_server, "
                                   "parallel::compress::topk> to match"
                                 : "; compression needs several ranks (parallel::data)"));
+    }
+    if (!k.pipeline) {
+      const char* set = cfg.pipeline_parallel_size != d.pipeline_parallel_size
+                            ? "pipeline_parallel_size"
+                        : cfg.pipeline_schedule != d.pipeline_schedule ? "pipeline_schedule"
+                        : cfg.micro_batches != d.micro_batches         ? "micro_batches"
+                                                                       : nullptr;
+      if (set != nullptr) {
+        refuse(set, std::string(set) +
+                        " configures pipeline stages (parallel::pipeline<Schedule>); the trainer's "
+                        "parallel policy is " +
+                        std::string(k.parallel));
+      }
     }
     if (!k.topk && cfg.topk_ratio != d.topk_ratio) {
       refuse("topk_ratio",

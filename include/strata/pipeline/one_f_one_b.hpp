@@ -18,7 +18,7 @@ namespace strata::pipeline {
 
 struct one_f_one_b {
   using policy_category = pipeline_schedule_tag;
-  static constexpr std::string_view name = "1f1b";
+  static constexpr std::string_view name = "one_f_one_b";
   static constexpr int chunks = 1;
   static constexpr bool splits_backward = false;
 

@@ -26,8 +26,8 @@ namespace strata::pipeline {
 
 struct partition_problem {
   int stages = 1;
-  std::vector<double> layer_seconds{};             // forward + backward of one micro-batch
-  std::vector<std::size_t> layer_fixed_bytes{};    // parameters, gradients, optimizer state
+  std::vector<double> layer_seconds{};                // forward + backward of one micro-batch
+  std::vector<std::size_t> layer_fixed_bytes{};       // parameters, gradients, optimizer state
   std::vector<std::size_t> layer_activation_bytes{};  // kept per micro-batch in flight
   // in_flight[r]: micro-batches stage r holds at once (empty: 1 for every stage).
   std::vector<std::size_t> in_flight{};
@@ -75,8 +75,9 @@ inline void check_problem(const partition_problem& pb) {
                                 " activation sizes");
   }
   if (n < static_cast<std::size_t>(pb.stages)) {
-    throw std::invalid_argument("pipeline partition: " + std::to_string(n) + " layers cannot fill " +
-                                std::to_string(pb.stages) + " stages (each needs a layer)");
+    throw std::invalid_argument("pipeline partition: " + std::to_string(n) +
+                                " layers cannot fill " + std::to_string(pb.stages) +
+                                " stages (each needs a layer)");
   }
   if (!pb.in_flight.empty() && pb.in_flight.size() != static_cast<std::size_t>(pb.stages)) {
     throw std::invalid_argument("pipeline partition: in_flight has " +
@@ -171,10 +172,8 @@ std::vector<std::size_t> best_split(const partition_problem& pb, Primary primary
   const auto bytes = [&](std::size_t r, std::size_t a, std::size_t b) {
     return static_cast<double>(bytes_of(pb, r, a, b));
   };
-  const auto leanest =
-      measure(pb, best_split(pb, bytes, bytes, [](std::size_t, std::size_t, std::size_t) {
-                return true;
-              }));
+  const auto leanest = measure(
+      pb, best_split(pb, bytes, bytes, [](std::size_t, std::size_t, std::size_t) { return true; }));
   const auto worst = static_cast<std::size_t>(
       std::max_element(leanest.stage_bytes.begin(), leanest.stage_bytes.end()) -
       leanest.stage_bytes.begin());

@@ -175,9 +175,8 @@ constexpr std::vector<std::size_t> reachable(const schedule_lists& lists) {
                static_cast<std::size_t>(shape.micro_batches) +
            static_cast<std::size_t>(micro);
   };
-  std::vector<char> arrived(2 * static_cast<std::size_t>(stages) *
-                                static_cast<std::size_t>(shape.micro_batches),
-                            0);
+  std::vector<char> arrived(
+      2 * static_cast<std::size_t>(stages) * static_cast<std::size_t>(shape.micro_batches), 0);
   std::vector<std::size_t> next(lists.ranks.size(), 0);
   for (bool moved = true; moved;) {
     moved = false;

@@ -39,8 +39,8 @@ inline std::vector<std::string> check_lists(const schedule_lists& lists) {
     return problems;
   }
   if (static_cast<int>(lists.ranks.size()) != shape.stages) {
-    problems.push_back("lists for " + std::to_string(lists.ranks.size()) + " ranks, the shape has " +
-                       std::to_string(shape.stages) + " stages");
+    problems.push_back("lists for " + std::to_string(lists.ranks.size()) +
+                       " ranks, the shape has " + std::to_string(shape.stages) + " stages");
     return problems;
   }
   const int last = shape.virtual_stages() - 1;
@@ -170,9 +170,9 @@ struct action_times {
   std::vector<double> stage_scale{};
 
   double of(op k, int stage) const {
-    const double scale =
-        stage < static_cast<int>(stage_scale.size()) ? stage_scale[static_cast<std::size_t>(stage)]
-                                                     : 1.0;
+    const double scale = stage < static_cast<int>(stage_scale.size())
+                             ? stage_scale[static_cast<std::size_t>(stage)]
+                             : 1.0;
     switch (k) {
       case op::forward:
         return forward * scale;
@@ -200,9 +200,9 @@ struct simulation {
   bool deadlocked = false;
   std::string stuck{};  // a deadlock: each rank that waits and the receive it waits at
   double makespan = 0.0;
-  std::vector<double> busy{};              // per rank: time spent in passes
-  std::vector<int> peak_in_flight{};       // per rank: most (micro-batch, chunk)s held at once
-  std::vector<timed_action> passes{};      // every pass, in the order they were run
+  std::vector<double> busy{};          // per rank: time spent in passes
+  std::vector<int> peak_in_flight{};   // per rank: most (micro-batch, chunk)s held at once
+  std::vector<timed_action> passes{};  // every pass, in the order they were run
   // The share of the ranks' time spent idle: 1 - sum(busy) / (ranks x makespan).
   double bubble() const {
     if (busy.empty() || makespan <= 0.0) {

@@ -94,9 +94,18 @@ inline std::string hex16(std::uint64_t h) {
 // `shapes`: the model's input and output ("1x28x28 -> 1x1x10"); `policies`: the trainer's
 // (names, and whether its precision has a loss scaler). Both are recorded as model entries.
 inline run_identity make_run_identity(const config::train_config& cfg,
+                                      const std::vector<model::param_entry>& tensors,
+                                      std::string_view shapes = {}, std::string_view policies = {});
+inline run_identity make_run_identity(const config::train_config& cfg,
                                       const model::param_store& params,
                                       std::string_view shapes = {},
                                       std::string_view policies = {}) {
+  return make_run_identity(cfg, params.entries(), shapes, policies);
+}
+// The same from the model's tensors (every rank's list, whatever part of the model it holds).
+inline run_identity make_run_identity(const config::train_config& cfg,
+                                      const std::vector<model::param_entry>& tensors,
+                                      std::string_view shapes, std::string_view policies) {
   config::check_run_name(cfg.run_name);
   run_identity id;
   std::string hashed = "run record 1\n";
@@ -108,7 +117,7 @@ inline run_identity make_run_identity(const config::train_config& cfg,
     }
     id.settings.emplace_back(std::string(key.name), std::move(value));
   });
-  for (const model::param_entry& e : params.entries()) {
+  for (const model::param_entry& e : tensors) {
     std::string shape = std::to_string(e.spec.rows) + "x" + std::to_string(e.spec.cols) + " init " +
                         std::to_string(static_cast<int>(e.spec.init)) + " fan " +
                         std::to_string(e.spec.fan_in) + "/" + std::to_string(e.spec.fan_out) +

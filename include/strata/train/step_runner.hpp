@@ -9,14 +9,20 @@
 //
 // It refuses what the batch contract rules out: a micro-step after the step's last one, more
 // samples than a loader batch, restart() after the last micro-step.
+//
+// Under an executor that runs the passes itself (a pipeline: parallel/passes.hpp) the runner
+// keeps each micro-step's samples and, at the step's last, hands them all to the executor with
+// the passes over this rank's layers; the step's loss is then reported by its last micro-step.
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "strata/batch/concepts.hpp"
 #include "strata/comm/any_comm.hpp"
@@ -27,8 +33,10 @@
 #include "strata/model/loss.hpp"
 #include "strata/model/param_store.hpp"
 #include "strata/parallel/bucket_reducer.hpp"
+#include "strata/parallel/passes.hpp"
 #include "strata/train/estimate_memory.hpp"
 #include "strata/train/progress.hpp"
+#include "strata/train/stage_passes.hpp"
 #include "strata/train/trainer_support.hpp"
 
 namespace strata::train {
@@ -107,6 +115,63 @@ eval_result evaluate_batches(const Model& m, typename Model::workspace_type& wor
   return out;
 }
 
+// evaluate_batches through an executor that runs the passes (a pipeline): forward and the loss
+// of a few loader batches at a time over the stages; every rank returns the whole result.
+template <class Model, class Loss, class Loader>
+eval_result evaluate_in_stages(const Model& m, const Loss& loss, model::param_store& params,
+                               const std::vector<model::layer_range>& layers,
+                               parallel::pass_runner& runner, Loader& loader, std::uint64_t seed,
+                               dtype storage) {
+  if constexpr (!runs_layer_ranges<Model>) {
+    throw std::invalid_argument("evaluation in stages needs a model that runs layer ranges");
+  } else {
+    model_stage_passes<Model, Loss> passes(m, loss, params,
+                                           {.chunks = layers,
+                                            .capacity = loader.config().batch_size,
+                                            .checkpoint_every = 0,
+                                            .split_backward = runner.splits_backward(),
+                                            .seed = seed,
+                                            .storage = storage});
+    struct kept {
+      std::vector<float> inputs;
+      std::vector<std::int32_t> labels;
+      std::vector<std::uint64_t> indices;
+    };
+    std::vector<kept> group;
+    model::loss_result total{};
+    const auto run = [&] {
+      std::vector<parallel::micro_batch> batches;
+      for (const kept& k : group) {
+        batches.push_back({.inputs = k.inputs,
+                           .labels = k.labels,
+                           .indices = k.indices,
+                           .size = k.labels.size()});
+      }
+      if (!batches.empty()) {
+        total += runner.run_forward(batches, passes);
+      }
+      group.clear();
+    };
+    loader.start_epoch(0);
+    while (auto b = loader.next()) {
+      kept& k = group.emplace_back();
+      k.inputs.assign(b->inputs.begin(), b->inputs.end());
+      k.labels.assign(b->labels.begin(), b->labels.end());
+      if (group.size() == 8) {
+        run();
+      }
+    }
+    run();
+    eval_result out;
+    out.samples = total.samples;
+    if (total.samples > 0) {
+      out.loss = total.loss_sum / static_cast<double>(total.samples);
+      out.accuracy = static_cast<double>(total.correct) / static_cast<double>(total.samples);
+    }
+    return out;
+  }
+}
+
 }  // namespace detail
 
 template <class Model, class Loss, class BatchPolicy, class PrecisionPolicy>
@@ -125,21 +190,30 @@ class step_runner {
     std::size_t memory_budget;
     std::size_t optimizer_state_per_parameter;
     comm::any_comm* group;  // the ranks that step together, null on one rank
+    // An executor that runs the step's passes itself (else null), and this rank's layers.
+    parallel::pass_runner* passes_runner = nullptr;
+    const std::vector<model::layer_range>* layers = nullptr;
   };
 
   // `loader_batch`: samples per loader batch; `reducer`: the executor's (null: none).
   step_runner(parts p, std::size_t loader_batch, parallel::bucket_reducer* reducer, progress& bar)
       : p_(p),
+        loader_batch_(loader_batch),
         classes_(p.model.output_shape().elements()),
-        grad_logits_(loader_batch * classes_),
+        grad_logits_(p.passes_runner != nullptr ? 0 : loader_batch * classes_),
         reducer_(reducer),
-        bar_(bar) {}
+        bar_(bar) {
+    if (p.passes_runner != nullptr) {
+      make_stage_passes(loader_batch);
+    }
+  }
 
   // Before a step's first micro-step: the scale of its gradients (loss scale / samples).
   void begin_step(float grad_scale) noexcept {
     grad_scale_ = grad_scale;
     ended_ = false;
     overlapped_ = false;
+    pending_.clear();
   }
   // Whether the step's last backward started the gradient buckets.
   bool overlapped() const noexcept { return overlapped_; }
@@ -150,15 +224,18 @@ class step_runner {
                   ": a micro-step after the step's last one (last = true) at step " +
                   std::to_string(p_.step));
     }
-    if (b.size * classes_ > grad_logits_.size()) {
+    if (b.size > loader_batch_) {
       throw std::invalid_argument("batch policy " + std::string(BatchPolicy::name) +
                                   ": a micro-step of " + std::to_string(b.size) +
                                   " samples, more than a loader batch");
     }
+    ended_ = last;
+    if (p_.passes_runner != nullptr) {
+      return through_passes(b, last);
+    }
     if (work_.capacity() < b.size) {
       set_workspace(b.size);
     }
-    ended_ = last;
     overlapped_ = last && reducer_ != nullptr;
     return forward_backward(b);
   }
@@ -169,8 +246,12 @@ class step_runner {
                   std::to_string(p_.step));
     }
     p_.precision.compute(p_.master).discard_grads();
+    pending_.clear();
   }
   void set_workspace(std::size_t samples) {
+    if (p_.passes_runner != nullptr) {
+      return;  // the stage passes keep their own, per micro-batch in flight
+    }
     work_ = workspace{};
     if (samples > 0) {
       work_ = detail::training_workspace(
@@ -229,7 +310,67 @@ class step_runner {
     return loss;
   }
 
+  // A pipeline's micro-step: the samples kept (the loader reuses its memory); at the step's last,
+  // all of them through the executor's schedule.
+  model::loss_result through_passes(const batch::samples& b, bool last) {
+    kept& k = pending_.emplace_back();
+    k.inputs.assign(b.inputs.begin(), b.inputs.end());
+    k.labels.assign(b.labels.begin(), b.labels.end());
+    k.indices.assign(b.indices.begin(), b.indices.end());
+    if (!last) {
+      return {};
+    }
+    if constexpr (!detail::runs_layer_ranges<Model>) {
+      return {};  // make_stage_passes refused this model
+    } else {
+      std::vector<parallel::micro_batch> batches;
+      for (const kept& x : pending_) {
+        batches.push_back({.inputs = x.inputs,
+                           .labels = x.labels,
+                           .indices = x.indices,
+                           .size = x.labels.size()});
+      }
+      passes_->begin_step(static_cast<std::uint32_t>(p_.step), grad_scale_);
+      model::param_store& p = p_.precision.compute(p_.master);
+      const model::loss_result loss = p_.passes_runner->run_step(batches, *passes_);
+      p_.precision.store(p.grads());  // as the compute type holds them
+      pending_.clear();
+      return loss;
+    }
+  }
+
+  void make_stage_passes(std::size_t loader_batch) {
+    if constexpr (detail::runs_layer_ranges<Model>) {
+      passes_.emplace(
+          p_.model, p_.loss, p_.precision.compute(p_.master),
+          typename passes_type::settings{
+              .chunks = *p_.layers,
+              .capacity = loader_batch,
+              .checkpoint_every = static_cast<std::size_t>(p_.cfg.activation_checkpoint_every),
+              .split_backward = p_.passes_runner->splits_backward(),
+              .seed = static_cast<std::uint64_t>(p_.cfg.seed),
+              .storage = PrecisionPolicy::compute_dtype});
+    } else {
+      throw std::invalid_argument(
+          "the parallel policy runs the model in stages: the model must run layer ranges "
+          "(make_params(config, ranges), make_workspace(capacity, config, range, group), "
+          "backward_weight, as model::sequential does)");
+    }
+  }
+
+  struct kept {
+    std::vector<float> inputs;
+    std::vector<std::int32_t> labels;
+    std::vector<std::uint64_t> indices;
+  };
+  struct no_passes {};
+  using passes_type = std::conditional_t<detail::runs_layer_ranges<Model>,
+                                         detail::model_stage_passes<Model, Loss>, no_passes>;
+
   parts p_;
+  std::optional<passes_type> passes_{};
+  std::vector<kept> pending_{};
+  std::size_t loader_batch_;
   std::size_t classes_;
   buffer<float> grad_logits_;
   parallel::bucket_reducer* reducer_;

@@ -55,6 +55,7 @@
 #include "strata/optim/any_optimizer.hpp"
 #include "strata/parallel/data_executor.hpp"
 #include "strata/parallel/executor.hpp"
+#include "strata/parallel/pipeline.hpp"
 #include "strata/parallel/single_rank.hpp"
 #include "strata/precision/fp32.hpp"
 #include "strata/precision/loss_scaler.hpp"
@@ -115,6 +116,8 @@ class trainer {
         cfg_(std::move(cfg)),
         options_(options),
         comm_(comm),
+        layers_(detail::rank_layers_of<executor_type, parallel_policy>(model_, cfg_,
+                                                                       comm_ ? &*comm_ : nullptr)),
         params_(fresh_store()),
         optimizer_(policy_ops::checked_optimizer(
             cfg_, comm ? comm->size() : 1, comm ? comm->rank() : 0, options.independent_processes)),
@@ -123,7 +126,8 @@ class trainer {
     loss_.check_output(model_.output_shape());
     params_.initialize(static_cast<std::uint64_t>(cfg_.seed));
     run_ = make_run_identity(
-        cfg_, params_, to_string(model_.input_shape()) + " -> " + to_string(model_.output_shape()),
+        cfg_, detail::whole_model_entries(model_, params_),
+        to_string(model_.input_shape()) + " -> " + to_string(model_.output_shape()),
         policy_ops::description(cfg_));
     // For the whole process (every rank of comm::threads sets the same before the broadcast).
     gemm_ = detail::set_up_gemm(cfg_, comm_ ? comm_->ranks_sharing_cpus() : 1);
@@ -131,7 +135,9 @@ class trainer {
     if (comm_) {
       // Every rank runs the same settings and model before anything moves or is written.
       check_ranks_agree(*comm_, run_);
-      comm_->broadcast(params_.values().data(), params_.size(), dtype::float32, 0);
+      if constexpr (!detail::shares_initial_params<executor_type>()) {
+        comm_->broadcast(params_.values().data(), params_.size(), dtype::float32, 0);
+      }
     }
     exec_.emplace(parallel::step_context{.comm = comm_ ? &*comm_ : nullptr,
                                          .master = params_,
@@ -225,6 +231,11 @@ class trainer {
         view, transform, data::distributed_sampler({.dataset_size = view.size(), .shuffle = false}),
         loader_settings(true));
     const std::size_t batch = loader.config().batch_size;
+    if (parallel::pass_runner* runner = detail::passes_runner_of(*exec_)) {
+      cast_to_compute();
+      return detail::evaluate_in_stages(model_, loss_, compute_params(), layers_, *runner, loader,
+                                        static_cast<std::uint64_t>(cfg_.seed), compute_dtype);
+    }
     if (eval_work_.capacity() < batch) {
       eval_work_ = model_.make_workspace(batch);
     }
@@ -281,7 +292,9 @@ class trainer {
             .step = step_,
             .memory_budget = memory_budget(),
             .optimizer_state_per_parameter = optimizer_.state_per_parameter(),
-            .group = group()};
+            .group = group(),
+            .passes_runner = detail::passes_runner_of(*exec_),
+            .layers = &layers_};
   }
 
   // A fresh run, or the newest checkpoint of this run continued (resume), said in the log.
@@ -486,7 +499,7 @@ class trainer {
   // An uninitialised parameter store, sharded as the executor asks.
   model::param_store fresh_store() const {
     return detail::make_param_store(model_, executor_type::shards(cfg_, comm_ ? comm_->size() : 1),
-                                    parallel_policy::name);
+                                    parallel_policy::name, layers_);
   }
 
   // This run's checkpoint directory, keeping checkpoint_keep of them.
@@ -557,7 +570,7 @@ class trainer {
       return std::nullopt;
     }
     const nlohmann::json& s = loaded->state;
-    loaded->copy_blob("rank-0.params.bin", params_.values());
+    loaded->copy_blob(detail::params_blob_of(*exec_), params_.values());
     exec_->restore(
         [&](std::string_view name, std::span<float> into) { loaded->copy_blob(name, into); });
     step_ = s.at("step").get<std::uint64_t>();
@@ -578,6 +591,9 @@ class trainer {
   config::train_config cfg_;
   trainer_options options_;
   std::optional<comm::any_comm> comm_{};  // parallel::data: this rank's communicator
+  // The layers this rank holds when the parallel policy cuts the model (a pipeline's stage);
+  // empty: all of them.
+  std::vector<model::layer_range> layers_{};
   model::param_store params_;
   optim::any_optimizer optimizer_;
   batch_policy batch_;          // how a step's samples are cut into micro-batches

@@ -35,12 +35,14 @@
 #include "strata/optim/any_optimizer.hpp"
 #include "strata/optim/lr_schedule.hpp"
 #include "strata/parallel/executor.hpp"
+#include "strata/parallel/passes.hpp"
 #include "strata/train/checkpoint.hpp"
 #include "strata/train/checkpoint_state.hpp"
 #include "strata/train/launch_check.hpp"
 #include "strata/train/metrics.hpp"
 #include "strata/train/progress.hpp"
 #include "strata/train/run.hpp"
+#include "strata/train/stage_passes.hpp"
 
 namespace strata::train {
 
@@ -270,10 +272,107 @@ struct policies_of {
   }
 };
 
-// The model's parameter store, padded to `shards` equal shards when the parallel policy
-// (`policy`, for the message) shards the optimizer state.
+// The layers this rank holds when its executor holds part of the model (a pipeline's
+// rank_layers, from the model's outline), after the policy's own check of the configuration;
+// empty: the whole model.
+template <class Executor, class Policy, class Model>
+std::vector<model::layer_range> rank_layers_of(const Model& m, const config::train_config& cfg,
+                                               comm::any_comm* comm) {
+  if constexpr (requires(const parallel::model_outline& o) {
+                  {
+                    Executor::rank_layers(o, cfg, 1, 0)
+                    } -> std::convertible_to<std::vector<model::layer_range>>;
+                }) {
+    const int world = comm != nullptr ? comm->size() : 1;
+    const int rank = comm != nullptr ? comm->rank() : 0;
+    Policy::check_config(cfg, world, rank);
+    if constexpr (runs_layer_ranges<Model>) {
+      return Executor::rank_layers(outline_of(m), cfg, world, rank);
+    } else {
+      throw std::invalid_argument(
+          "parallel policy " + std::string(Policy::name) +
+          " gives each rank some of the layers: the model must run layer ranges "
+          "(make_params(config, ranges), make_workspace(capacity, config, range, group), "
+          "backward_weight, as model::sequential does)");
+    }
+  } else {
+    return {};
+  }
+}
+
+// Whether the executor shares the initial parameters itself (its ranks hold different ones).
+template <class Executor>
+constexpr bool shares_initial_params() {
+  if constexpr (requires { Executor::shares_initial_params; }) {
+    return Executor::shares_initial_params;
+  } else {
+    return false;
+  }
+}
+
+// The executor's pass runner when it runs a step's passes itself, else null.
+template <class Executor>
+parallel::pass_runner* passes_runner_of(Executor& e) {
+  if constexpr (requires {
+                  { e.passes_runner() } -> std::convertible_to<parallel::pass_runner*>;
+                }) {
+    return e.passes_runner();
+  } else {
+    return nullptr;
+  }
+}
+
+// The checkpoint blob this rank's parameters are read from.
+template <class Executor>
+std::string params_blob_of(const Executor& e) {
+  if constexpr (requires {
+                  { e.params_blob() } -> std::convertible_to<std::string>;
+                }) {
+    return e.params_blob();
+  } else {
+    return "rank-0.params.bin";
+  }
+}
+
+// Every tensor of the whole model (names and specs, as a store of it would list them), for the
+// run's identity: the same on every rank whatever part of the model a rank holds.
 template <class Model>
-model::param_store make_param_store(const Model& m, int shards, std::string_view policy) {
+std::vector<model::param_entry> whole_model_entries(const Model& m,
+                                                    const model::param_store& mine) {
+  if constexpr (requires {
+                  m.group_names();
+                  m.parameter_groups();
+                }) {
+    std::vector<model::param_entry> out;
+    const auto names = m.group_names();
+    const auto groups = m.parameter_groups();
+    for (std::size_t g = 0; g < groups.size(); ++g) {
+      for (const model::param_spec& spec : groups[g]) {
+        out.push_back({.name = names[g] + "." + spec.name,
+                       .spec = spec,
+                       .offset = 0,
+                       .group = g,
+                       .index = out.size()});
+      }
+    }
+    return out;
+  } else {
+    return mine.entries();
+  }
+}
+
+// The model's parameter store (the layers in `layers` only, when not empty), padded to `shards`
+// equal shards when the parallel policy (`policy`, for the message) shards the optimizer state.
+template <class Model>
+model::param_store make_param_store(const Model& m, int shards, std::string_view policy,
+                                    const std::vector<model::layer_range>& layers = {}) {
+  if (!layers.empty()) {
+    if constexpr (runs_layer_ranges<Model>) {
+      return m.make_params(
+          model::param_store_config{.size_multiple = static_cast<std::size_t>(shards) * 16},
+          layers);
+    }
+  }
   if (shards <= 1) {
     return m.make_params();
   }

@@ -38,9 +38,8 @@ TEST_CASE("inconsistent pairs name both keys") {
               "tensor_parallel_size"));
   CHECK(names(message_of("world_size = 8\ndata_parallel_size = 3\npipeline_parallel_size = 2"),
               "data_parallel_size", "world_size"));
-  CHECK(names(message_of("world_size = 4\npipeline_parallel_size = 4\n"
-                         "pipeline_schedule = \"interleaved_1f1b\"\nmicro_batches = 6"),
-              "micro_batches", "pipeline_parallel_size"));
+  CHECK(names(message_of("batch_size_per_gpu = 16\nmicro_batches = 32"), "micro_batches",
+              "batch_size_per_gpu"));
   CHECK(names(message_of("adaptive_batch_min = 64\nadaptive_batch_max = 32"), "adaptive_batch_min",
               "adaptive_batch_max"));
   CHECK(names(message_of("adaptive_batch = true\nbatch_size_per_gpu = 4"), "batch_size_per_gpu",

@@ -241,3 +241,85 @@ TEST_CASE("discarded gradients: backward writes them, whatever the memory held")
   run();
   CHECK(std::vector<float>(params.grads().begin(), params.grads().end()) == once);
 }
+
+// A pipeline's view: the model cut into runs of layers, each with its own workspace and a store of
+// its layers only, chained by hand, computes the whole model's output and gradients bit for bit,
+// with the backward whole or split into input and weight passes.
+TEST_CASE("layer ranges chained give the whole model's output and gradients, bit for bit") {
+  const auto model =
+      sm::sequential(strata::sample_shape{.channels = 1, .height = 4, .width = 4}, sm::flatten{},
+                     sm::linear{.in = 16, .out = 12}, sm::relu{}, sm::dropout{.rate = 0.2},
+                     sm::linear{.in = 12, .out = 9}, sm::gelu{}, sm::linear{.in = 9, .out = 5});
+  const std::size_t batch = 6;
+  const auto input = random_floats(batch * 16, 21);
+  const auto grad_out = random_floats(batch * 5, 22);
+  const std::vector<std::uint64_t> ids = {3, 9, 27, 81, 243, 729};
+  const sm::run_options options{.training = true, .seed = 7, .step = 3, .sample_ids = ids};
+
+  auto whole = model.make_params();
+  whole.initialize(11);
+  auto w = model.make_workspace(batch);
+  const auto out = model.forward(w, whole, input, batch, options);
+  const std::vector<float> expected_out(out.begin(), out.end());
+  whole.discard_grads();
+  model.backward(w, whole, grad_out);
+
+  for (const bool split : {false, true}) {
+    INFO("split_backward " << split);
+    // Rank 0 holds layers 0..2 and 5..6 (two chunks), rank 1 layers 3..4: as interleaved.
+    const std::vector<sm::layer_range> mine = {{0, 3}, {5, 7}};
+    const std::vector<sm::layer_range> theirs = {{3, 5}};
+    auto p0 = model.make_params({}, mine);
+    auto p1 = model.make_params({}, theirs);
+    p0.initialize(11);
+    p1.initialize(11);
+    // The parts start as the whole: the same names, the same values.
+    for (const auto* part : {&p0, &p1}) {
+      for (const auto& e : part->entries()) {
+        const auto a = part->value(e.name);
+        const auto b = whole.value(e.name);
+        CHECK(std::equal(a.begin(), a.end(), b.begin(), b.end()));
+      }
+    }
+    const sm::workspace_config config{.split_backward = split};
+    auto w0a = model.make_workspace(batch, config, mine[0], 0);
+    auto w1 = model.make_workspace(batch, config, theirs[0], 0);
+    auto w0b = model.make_workspace(batch, config, mine[1], 3);
+    // Each range's input stays alive until its backward, as a received activation does.
+    const auto h1 = model.forward(w0a, p0, input, batch, options);
+    const std::vector<float> in1(h1.begin(), h1.end());
+    const auto h2 = model.forward(w1, p1, in1, batch, options);
+    const std::vector<float> in2(h2.begin(), h2.end());
+    const auto y = model.forward(w0b, p0, in2, batch, options);
+    CHECK(std::vector<float>(y.begin(), y.end()) == expected_out);
+    p0.discard_grads();
+    p1.discard_grads();
+    model.backward(w0b, p0, grad_out);
+    const std::vector<float> g2(w0b.grad_input().begin(), w0b.grad_input().end());
+    model.backward(w1, p1, g2);
+    const std::vector<float> g1(w1.grad_input().begin(), w1.grad_input().end());
+    model.backward(w0a, p0, g1);
+    CHECK(w0a.grad_input().empty());  // nothing in front of layer 0 has parameters
+    if (split) {
+      // Weight passes in any order after their input passes.
+      model.backward_weight(w0a, p0);
+      model.backward_weight(w1, p1);
+      model.backward_weight(w0b, p0);
+      CHECK_THROWS_AS(model.backward_weight(w0b, p0), std::logic_error);
+    }
+    for (const auto* part : {&p0, &p1}) {
+      for (const auto& e : part->entries()) {
+        const auto a = const_cast<sm::param_store*>(part)->grad(e.name);
+        const auto b = whole.grad(e.name);
+        INFO(e.name);
+        CHECK(std::equal(a.begin(), a.end(), b.begin(), b.end()));
+      }
+    }
+  }
+  CHECK_THROWS_WITH(
+      model.make_workspace(batch, {.checkpoint_every = 2, .split_backward = true}, {0, 7}, 0),
+      "sequential: split_backward keeps every layer's input for the weight pass; it "
+      "does not go with checkpoint_every = 2");
+  CHECK_THROWS_WITH(model.make_params({}, std::vector<sm::layer_range>{{4, 9}}),
+                    "sequential: layers [4, 9) are not a run of the model's 7 layers");
+}

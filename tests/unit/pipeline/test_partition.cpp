@@ -152,5 +152,6 @@ TEST_CASE("the user's split is checked and measured") {
                     "pipeline partition: stage 1 of the split has no layer");
   CHECK_THROWS_WITH(sp::check_split(pb, {2, 1}),
                     "pipeline partition: the split holds 3 layers, the model has 4");
-  CHECK_THROWS_WITH(sp::check_split(pb, {4}), "pipeline partition: a split of 1 stages for 2 stages");
+  CHECK_THROWS_WITH(sp::check_split(pb, {4}),
+                    "pipeline partition: a split of 1 stages for 2 stages");
 }

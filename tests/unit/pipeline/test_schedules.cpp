@@ -124,8 +124,8 @@ TEST_CASE("every shipped schedule and a user's pass the conformance suite for p 
 }
 
 TEST_CASE("the conformance suite catches a schedule that deadlocks") {
-  const auto r = strata::conformance::run_schedule_suite<impatient>({.max_stages = 3,
-                                                                     .max_micro_batches = 3});
+  const auto r =
+      strata::conformance::run_schedule_suite<impatient>({.max_stages = 3, .max_micro_batches = 3});
   CHECK_FALSE(r.ok());
   bool deadlock = false;
   for (const std::string& f : r.failures) {
@@ -134,17 +134,17 @@ TEST_CASE("the conformance suite catches a schedule that deadlocks") {
   CHECK(deadlock);
 }
 
-TEST_CASE("gpipe and 1f1b idle (p - 1) / (m + p - 1) of the step, with any forward/backward ratio") {
+TEST_CASE(
+    "gpipe and 1f1b idle (p - 1) / (m + p - 1) of the step, with any forward/backward ratio") {
   for (int p = 1; p <= 8; ++p) {
     for (int m = 1; m <= 32; ++m) {
       const double theory = static_cast<double>(p - 1) / (m + p - 1);
       INFO("p " << p << " m " << m);
       CHECK(bubble<sp::gpipe>(p, m) == doctest::Approx(theory).epsilon(1e-12));
       CHECK(bubble<sp::one_f_one_b>(p, m) == doctest::Approx(theory).epsilon(1e-12));
-      const sp::action_times slow_backward{.forward = 1.0, .backward_input = 1.5,
-                                           .backward_weight = 1.5};
-      CHECK(bubble<sp::one_f_one_b>(p, m, slow_backward) ==
-            doctest::Approx(theory).epsilon(1e-12));
+      const sp::action_times slow_backward{
+          .forward = 1.0, .backward_input = 1.5, .backward_weight = 1.5};
+      CHECK(bubble<sp::one_f_one_b>(p, m, slow_backward) == doctest::Approx(theory).epsilon(1e-12));
     }
   }
 }
@@ -170,7 +170,8 @@ TEST_CASE("interleaved 1f1b: (p - 1) / (v m + p - 1) when p divides m, falling w
     for (int m = p; m <= 32; m += p) {
       INFO("p " << p << " m " << m);
       const double one = bubble<sp::one_f_one_b>(p, m);
-      const double two = bubble<sp::interleaved_1f1b<2>>(p, m, per_chunk<sp::interleaved_1f1b<2>>());
+      const double two =
+          bubble<sp::interleaved_1f1b<2>>(p, m, per_chunk<sp::interleaved_1f1b<2>>());
       const double three =
           bubble<sp::interleaved_1f1b<3>>(p, m, per_chunk<sp::interleaved_1f1b<3>>());
       CHECK(two == doctest::Approx(static_cast<double>(p - 1) / (2 * m + p - 1)).epsilon(1e-12));
@@ -206,21 +207,31 @@ TEST_CASE("the lists of small cases, exactly") {
   using sp::op;
   const sp::schedule_lists l = sp::one_f_one_b{}.lists({.stages = 2, .micro_batches = 3});
   const std::vector<sp::action> rank0 = {
-      {op::forward, 0, 0, -1},         {op::send_activation, 0, 0, 1}, {op::forward, 1, 0, -1},
-      {op::send_activation, 1, 0, 1},  {op::recv_gradient, 0, 0, 1},   {op::backward, 0, 0, -1},
-      {op::forward, 2, 0, -1},         {op::send_activation, 2, 0, 1}, {op::recv_gradient, 1, 0, 1},
-      {op::backward, 1, 0, -1},        {op::recv_gradient, 2, 0, 1},   {op::backward, 2, 0, -1},
+      {op::forward, 0, 0, -1},      {op::send_activation, 0, 0, 1},
+      {op::forward, 1, 0, -1},      {op::send_activation, 1, 0, 1},
+      {op::recv_gradient, 0, 0, 1}, {op::backward, 0, 0, -1},
+      {op::forward, 2, 0, -1},      {op::send_activation, 2, 0, 1},
+      {op::recv_gradient, 1, 0, 1}, {op::backward, 1, 0, -1},
+      {op::recv_gradient, 2, 0, 1}, {op::backward, 2, 0, -1},
       {op::step, 0, 0, -1}};
   CHECK(l.ranks[0] == rank0);
-  const std::vector<sp::action> rank1 = {
-      {op::recv_activation, 0, 0, 0}, {op::forward, 0, 0, -1},        {op::backward, 0, 0, -1},
-      {op::send_gradient, 0, 0, 0},   {op::recv_activation, 1, 0, 0}, {op::forward, 1, 0, -1},
-      {op::backward, 1, 0, -1},       {op::send_gradient, 1, 0, 0},   {op::recv_activation, 2, 0, 0},
-      {op::forward, 2, 0, -1},        {op::backward, 2, 0, -1},       {op::send_gradient, 2, 0, 0},
-      {op::step, 0, 0, -1}};
+  const std::vector<sp::action> rank1 = {{op::recv_activation, 0, 0, 0},
+                                         {op::forward, 0, 0, -1},
+                                         {op::backward, 0, 0, -1},
+                                         {op::send_gradient, 0, 0, 0},
+                                         {op::recv_activation, 1, 0, 0},
+                                         {op::forward, 1, 0, -1},
+                                         {op::backward, 1, 0, -1},
+                                         {op::send_gradient, 1, 0, 0},
+                                         {op::recv_activation, 2, 0, 0},
+                                         {op::forward, 2, 0, -1},
+                                         {op::backward, 2, 0, -1},
+                                         {op::send_gradient, 2, 0, 0},
+                                         {op::step, 0, 0, -1}};
   CHECK(l.ranks[1] == rank1);
   // Interleaved: stage 1 of chunk 0 (rank 1) sends to rank 0's chunk 1.
-  const sp::schedule_lists i = sp::interleaved_1f1b<2>{}.lists({.stages = 2, .micro_batches = 2, .chunks = 2});
+  const sp::schedule_lists i =
+      sp::interleaved_1f1b<2>{}.lists({.stages = 2, .micro_batches = 2, .chunks = 2});
   CHECK(std::find(i.ranks[1].begin(), i.ranks[1].end(), sp::action{op::send_activation, 0, 0, 0}) !=
         i.ranks[1].end());
   CHECK(std::find(i.ranks[0].begin(), i.ranks[0].end(), sp::action{op::recv_activation, 0, 1, 1}) !=

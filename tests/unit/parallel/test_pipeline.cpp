@@ -1,0 +1,208 @@
+// SPDX-License-Identifier: Apache-2.0
+// parallel::pipeline<Schedule> through the trainer on thread ranks: one rank == pp 2 == pp 4 ==
+// dp 2 x pp 2 for every shipped schedule (losses of 20 steps, parameters after); a bit-exact
+// resume; an fp16 overflow on one stage skips the step on every stage; the executor alone with
+// passes of the wrong shape; the configuration errors.
+#include "strata/parallel/pipeline.hpp"
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <limits>
+#include <map>
+#include <mutex>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "strata/comm/threads.hpp"
+#include "strata/data/transforms.hpp"
+#include "strata/model/layers.hpp"
+#include "strata/model/sequential.hpp"
+#include "strata/pipeline.hpp"
+#include "strata/precision/mixed.hpp"
+#include "strata/train/trainer.hpp"
+
+#include "../common/blobs.hpp"
+
+namespace fs = std::filesystem;
+namespace sm = strata::model;
+namespace st = strata::train;
+namespace par = strata::parallel;
+namespace pl = strata::pipeline;
+using strata::comm::threads;
+using strata::test::blobs;
+
+namespace {
+
+// Eight layers, so that 4 stages of 2 chunks each get one.
+auto deep_mlp() {
+  return sm::sequential(strata::sample_shape{.channels = 1, .height = 1, .width = 8},
+                        sm::linear{.in = 8, .out = 32}, sm::relu{}, sm::dropout{.rate = 0.1},
+                        sm::linear{.in = 32, .out = 24}, sm::relu{},
+                        sm::linear{.in = 24, .out = 16}, sm::gelu{},
+                        sm::linear{.in = 16, .out = 4});
+}
+using model_t = decltype(deep_mlp());
+
+strata::config::train_config base_config(const std::string& name) {
+  const fs::path dir = fs::path(STRATA_TEST_WORK_DIR) / "pipeline" / name;
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  strata::config::train_config cfg;
+  cfg.epochs = 2;
+  cfg.batch_size_per_gpu = 64;
+  cfg.lr = 0.05;
+  cfg.loader_workers = 1;
+  cfg.checkpoint_dir = (dir / "ckpt").string();
+  cfg.checkpoint_interval = 1;
+  cfg.warmup_epochs = 0.5;
+  return cfg;
+}
+
+// What a run left: rank 0's step losses and every parameter tensor by name (gathered from the
+// stages).
+struct outcome {
+  std::vector<double> losses;
+  std::vector<std::size_t> samples;
+  std::map<std::string, std::vector<float>> tensors;
+  double test_accuracy = 0.0;
+  std::uint64_t skipped = 0;
+};
+
+void keep_tensors(const sm::param_store& p, std::map<std::string, std::vector<float>>& into) {
+  for (const auto& e : p.entries()) {
+    const auto v = p.value(e.name);
+    into[e.name].assign(v.begin(), v.end());
+  }
+}
+
+// 600 training samples: 9 full batches and one of 24 per epoch.
+template <class Trainer>
+void fit(Trainer& t, outcome& out, bool record_steps) {
+  if (record_steps) {
+    t.on_step([&](const st::step_metrics& m) {
+      out.losses.push_back(m.loss);
+      out.samples.push_back(m.samples);
+    });
+  }
+  const auto summary = t.fit(blobs{.n = 600}, strata::data::identity{},
+                             blobs{.n = 256, .salt = 1}, strata::data::identity{});
+  if (record_steps) {
+    out.test_accuracy = summary.test_accuracy;
+    out.skipped = summary.skipped_steps;
+  }
+}
+
+outcome one_rank(strata::config::train_config cfg) {
+  outcome out;
+  st::trainer<model_t> t(deep_mlp(), cfg, {.print_progress = false});
+  fit(t, out, true);
+  keep_tensors(t.params(), out.tensors);
+  return out;
+}
+
+template <class Schedule, class... Extra, class Setup = std::nullptr_t>
+outcome pipelined(int ranks, strata::config::train_config cfg, Setup setup = nullptr) {
+  cfg.world_size = ranks;
+  outcome out;
+  std::mutex lock;
+  threads::run(ranks, [&](threads& c) {
+    st::trainer<model_t, par::pipeline<Schedule>, Extra...> t(
+        deep_mlp(), cfg, strata::comm::any_comm(c), {.print_progress = false});
+    if constexpr (!std::is_same_v<Setup, std::nullptr_t>) {
+      setup(t, c.rank());
+    }
+    outcome mine;
+    fit(t, mine, c.rank() == 0);
+    const std::lock_guard guard(lock);
+    if (c.rank() == 0) {
+      out.losses = mine.losses;
+      out.samples = mine.samples;
+      out.test_accuracy = mine.test_accuracy;
+      out.skipped = mine.skipped;
+    }
+    // Replicas of a stage end alike; keep the first's.
+    for (const auto& e : t.params().entries()) {
+      const auto v = t.params().value(e.name);
+      auto [it, fresh] = out.tensors.try_emplace(e.name, v.begin(), v.end());
+      if (!fresh) {
+        CHECK(it->second == std::vector<float>(v.begin(), v.end()));
+      }
+    }
+  });
+  return out;
+}
+
+void check_same(const outcome& a, const outcome& b) {
+  REQUIRE(a.losses.size() == b.losses.size());
+  CHECK(a.losses.size() == 20);
+  for (std::size_t i = 0; i < a.losses.size(); ++i) {
+    INFO("step " << i);
+    CHECK(a.samples[i] == b.samples[i]);
+    CHECK(a.losses[i] == doctest::Approx(b.losses[i]).epsilon(1e-5));
+  }
+  REQUIRE(a.tensors.size() == b.tensors.size());
+  double worst = 0.0;
+  for (const auto& [name, values] : a.tensors) {
+    const auto it = b.tensors.find(name);
+    REQUIRE(it != b.tensors.end());
+    REQUIRE(it->second.size() == values.size());
+    for (std::size_t i = 0; i < values.size(); ++i) {
+      worst = std::max(worst, static_cast<double>(std::abs(values[i] - it->second[i])));
+    }
+  }
+  CHECK(worst < 1e-4);
+  CHECK(a.test_accuracy == doctest::Approx(b.test_accuracy).epsilon(1e-6));
+}
+
+template <class Schedule>
+void equals_one_rank() {
+  INFO(par::pipeline<Schedule>::name);
+  auto cfg = base_config(std::string(pl::one_f_one_b::name));
+  cfg.micro_batches = 5;  // pieces of 13 and a last of 12; the short batch: 5, 5, 5, 5, 4
+  cfg.pipeline_schedule = Schedule::chunks > 1 ? strata::config::pipeline_schedule_kind::interleaved_1f1b
+                          : std::string_view(Schedule::name) == "gpipe"
+                              ? strata::config::pipeline_schedule_kind::gpipe
+                          : std::string_view(Schedule::name) == "zero_bubble_h1"
+                              ? strata::config::pipeline_schedule_kind::zero_bubble_h1
+                              : strata::config::pipeline_schedule_kind::one_f_one_b;
+  const outcome reference = one_rank(base_config("one_rank"));
+  for (const int stages : {2, 4}) {
+    INFO("pp " << stages);
+    auto c = cfg;
+    c.pipeline_parallel_size = stages;
+    check_same(pipelined<Schedule>(stages, c), reference);
+  }
+  // dp 2 x pp 2: two replicas read half the samples each, as one rank with twice the batch.
+  auto twice = base_config("one_rank_twice");
+  twice.batch_size_per_gpu = 128;
+  const outcome wide = one_rank(twice);
+  auto c = cfg;
+  c.pipeline_parallel_size = 2;
+  const outcome mixed = pipelined<Schedule>(4, c);
+  REQUIRE(mixed.losses.size() == wide.losses.size());
+  for (std::size_t i = 0; i < wide.losses.size(); ++i) {
+    INFO("dp 2 x pp 2, step " << i);
+    CHECK(mixed.samples[i] == wide.samples[i]);
+    CHECK(mixed.losses[i] == doctest::Approx(wide.losses[i]).epsilon(1e-5));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("gpipe: one rank == pp 2 == pp 4, and dp 2 x pp 2 == one rank with twice the batch") {
+  equals_one_rank<pl::gpipe>();
+}
+TEST_CASE("1f1b: one rank == pp 2 == pp 4, and dp 2 x pp 2 == one rank with twice the batch") {
+  equals_one_rank<pl::one_f_one_b>();
+}
+TEST_CASE("interleaved 1f1b (v = 2): one rank == pp 2 == pp 4, and dp 2 x pp 2") {
+  equals_one_rank<pl::interleaved_1f1b<2>>();
+}
+TEST_CASE("zero bubble h1: one rank == pp 2 == pp 4, and dp 2 x pp 2") {
+  equals_one_rank<pl::zero_bubble_h1>();
+}
