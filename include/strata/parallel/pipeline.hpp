@@ -8,7 +8,8 @@
 // gradient to the neighbouring stage with non-blocking sends and receives posted at the start of
 // the step, so that transfers overlap compute.
 //
-//   strata::train::trainer<decltype(mlp), strata::parallel::pipeline<strata::pipeline::one_f_one_b>>
+//   strata::train::trainer<decltype(mlp),
+//   strata::parallel::pipeline<strata::pipeline::one_f_one_b>>
 //       run(mlp, cfg, comm);  // pipeline_parallel_size = 2, pipeline_schedule = "one_f_one_b"
 //
 // Layout: world_size = data x pipeline ranks; rank = stage x data + d, so the ranks of one stage
@@ -153,9 +154,9 @@ struct pipeline {
       refuse("pipeline_schedule",
              "pipeline_schedule = " + std::string(set) + ", but the trainer's parallel policy is " +
                  std::string(name) +
-                 (shipped ? " (give it parallel::pipeline<pipeline::" + std::string(set) +
-                                "> to match)"
-                          : " (a schedule of the user's: leave pipeline_schedule unset)"));
+                 (shipped
+                      ? " (give it parallel::pipeline<pipeline::" + std::string(set) + "> to match)"
+                      : " (a schedule of the user's: leave pipeline_schedule unset)"));
     }
   }
 };
@@ -221,9 +222,8 @@ class pipeline_executor : public local_executor, public pass_runner {
       pb.layer_activation_bytes.push_back(m.costs[i].activation_bytes * micro);
     }
     // Micro-batches each stage holds at once under the schedule.
-    const auto lists =
-        Schedule{}.lists(strata::pipeline::shape_for<Schedule>(p, static_cast<int>(
-                                                                     cfg.micro_batches)));
+    const auto lists = Schedule{}.lists(
+        strata::pipeline::shape_for<Schedule>(p, static_cast<int>(cfg.micro_batches)));
     const auto run = strata::pipeline::simulate(lists);
     for (int s = 0; s < virtual_stages; ++s) {
       const int peak = run.peak_in_flight[static_cast<std::size_t>(s % p)];
@@ -261,9 +261,7 @@ class pipeline_executor : public local_executor, public pass_runner {
   // The ranks that train together: all of them (the step's totals, the checkpoint barrier).
   // Every replica of the pipeline reads its own shard of the samples; the stages of one pipeline
   // read the same.
-  data_shard_of data_shard() const noexcept {
-    return {.shards = data_, .index = replica_};
-  }
+  data_shard_of data_shard() const noexcept { return {.shards = data_, .index = replica_}; }
 
   int stage() const noexcept { return stage_; }
   int stages() const noexcept { return stages_; }
@@ -389,9 +387,9 @@ class pipeline_executor : public local_executor, public pass_runner {
       const std::size_t each = (b.size + pieces - 1) / pieces;
       for (std::size_t first = 0; first < b.size; first += each) {
         const std::size_t n = std::min(each, b.size - first);
-        out.push_back({.inputs = b.inputs.empty() ? b.inputs
-                                                  : b.inputs.subspan(first * per_sample,
-                                                                     n * per_sample),
+        out.push_back({.inputs = b.inputs.empty()
+                                     ? b.inputs
+                                     : b.inputs.subspan(first * per_sample, n * per_sample),
                        .labels = b.labels.empty() ? b.labels : b.labels.subspan(first, n),
                        .indices = b.indices.empty() ? b.indices : b.indices.subspan(first, n),
                        .size = n});
@@ -417,11 +415,10 @@ class pipeline_executor : public local_executor, public pass_runner {
 
   // A message's tag on the pipeline group: what it carries, for which chunk and micro-batch.
   int tag_of(bool gradient, int chunk, int micro, int micro_batches) const {
-    const long tag = (static_cast<long>(gradient) * Schedule::chunks + chunk) * micro_batches +
-                     micro + 16;
+    const long tag =
+        (static_cast<long>(gradient) * Schedule::chunks + chunk) * micro_batches + micro + 16;
     if (tag > 32767) {
-      throw std::invalid_argument(std::string(Policy::name) + ": " +
-                                  std::to_string(micro_batches) +
+      throw std::invalid_argument(std::string(Policy::name) + ": " + std::to_string(micro_batches) +
                                   " micro-batches per step are more than the message tags hold");
     }
     return static_cast<int>(tag);
@@ -459,8 +456,8 @@ class pipeline_executor : public local_executor, public pass_runner {
         continue;
       }
       const bool gradient = a.kind == op::recv_gradient;
-      const std::size_t elements = gradient ? passes.output_elements(a.chunk)
-                                            : passes.input_elements(a.chunk);
+      const std::size_t elements =
+          gradient ? passes.output_elements(a.chunk) : passes.input_elements(a.chunk);
       message& msg = (gradient ? grad_in : act_in)[key(a.chunk, a.micro)];
       msg.data = buffer<float>(2 + pieces_[static_cast<std::size_t>(a.micro)].size * elements);
       msg.request = pipe_->recv_async(msg.data.data(), msg.data.size(), dtype::float32, a.peer,
@@ -477,9 +474,8 @@ class pipeline_executor : public local_executor, public pass_runner {
         return error(std::string(Policy::name) + ": stage " + std::to_string(from) + " (rank " +
                      std::to_string(a.peer) + " of the pipeline) sent micro-batch " +
                      std::to_string(a.micro) + "'s " + (gradient ? "gradient" : "activation") +
-                     " as " + what + "; stage " + std::to_string(stage_of(a.chunk)) +
-                     " expects " + std::to_string(n) + " samples x " + std::to_string(elements) +
-                     " floats");
+                     " as " + what + "; stage " + std::to_string(stage_of(a.chunk)) + " expects " +
+                     std::to_string(n) + " samples x " + std::to_string(elements) + " floats");
       };
       try {
         msg.request.wait();
@@ -502,8 +498,8 @@ class pipeline_executor : public local_executor, public pass_runner {
     std::vector<strata::pipeline::action> peers(slots * 2);  // who each receive came from
     for (const auto& a : list) {
       const int s = stage_of(a.chunk);
-      const micro_batch& b = a.kind == op::step ? pieces_.front()
-                                                : pieces_[static_cast<std::size_t>(a.micro)];
+      const micro_batch& b =
+          a.kind == op::step ? pieces_.front() : pieces_[static_cast<std::size_t>(a.micro)];
       const std::size_t k = a.kind == op::step ? 0 : key(a.chunk, a.micro);
       switch (a.kind) {
         case op::recv_activation:
@@ -546,12 +542,11 @@ class pipeline_executor : public local_executor, public pass_runner {
         case op::send_activation:
         case op::send_gradient: {
           message& msg = (a.kind == op::send_gradient ? grad_out : act_out)[k];
-          msg.request = pipe_->send_async(msg.data.data(), msg.data.size(), dtype::float32, a.peer,
-                                          tag_of(a.kind == op::send_gradient,
-                                                 a.kind == op::send_gradient
-                                                     ? (s - 1) / stages_
-                                                     : (s + 1) / stages_,
-                                                 a.micro, m));
+          msg.request = pipe_->send_async(
+              msg.data.data(), msg.data.size(), dtype::float32, a.peer,
+              tag_of(a.kind == op::send_gradient,
+                     a.kind == op::send_gradient ? (s - 1) / stages_ : (s + 1) / stages_, a.micro,
+                     m));
           msg.posted = true;
           break;
         }

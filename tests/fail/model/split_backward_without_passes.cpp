@@ -1,7 +1,6 @@
-// expect-error: model: a layer with splits_backward = true needs 'void backward_input\(const strata::model::backward_args&\) const'
-// SPDX-License-Identifier: Apache-2.0
-// A user's layer that says its backward splits but has no separate passes: the layer check
-// names requirement 9.
+// expect-error: model: a layer with splits_backward = true needs 'void backward_input\(const
+// strata::model::backward_args&\) const' SPDX-License-Identifier: Apache-2.0 A user's layer that
+// says its backward splits but has no separate passes: the layer check names requirement 9.
 #include "strata/model/concepts.hpp"
 
 struct scale {

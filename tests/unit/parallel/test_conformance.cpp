@@ -9,7 +9,9 @@
 
 #include "../../../examples/03_custom_policies/local_sgd.hpp"
 #include "strata/parallel/data.hpp"
+#include "strata/parallel/pipeline.hpp"
 #include "strata/parallel/single_rank.hpp"
+#include "strata/pipeline.hpp"
 
 namespace par = strata::parallel;
 namespace sc = strata::config;
@@ -85,6 +87,50 @@ TEST_CASE("parallel conformance: compressed gradients (no one-rank claim)") {
   check(strata::conformance::run_parallel_suite<par::data<par::all_gather, par::compress::topk>>(
             {.name = "topk", .ranks = 2, .cfg = topk}),
         "data<all_gather, topk>");
+}
+
+TEST_CASE("parallel conformance: pipelines (stages hold different layers)") {
+  // The totals, a bit-exact resume at two stops and the float16 skip vote; the one-rank
+  // equivalence and memory of stages: unit.parallel.pipeline.
+  auto pp = base();
+  pp.pipeline_parallel_size = 2;
+  pp.micro_batches = 4;
+  check(strata::conformance::run_parallel_suite<par::pipeline<strata::pipeline::one_f_one_b>>(
+            {.name = "pipeline_1f1b",
+             .ranks = 2,
+             .data_ranks = 1,
+             .cfg = pp,
+             .same_params = false,
+             .memory_exact = false}),
+        "pipeline<one_f_one_b>");
+  pp.pipeline_schedule = sc::pipeline_schedule_kind::zero_bubble_h1;
+  check(strata::conformance::run_parallel_suite<par::pipeline<strata::pipeline::zero_bubble_h1>>(
+            {.name = "pipeline_zb",
+             .ranks = 2,
+             .data_ranks = 1,
+             .cfg = pp,
+             .same_params = false,
+             .memory_exact = false}),
+        "pipeline<zero_bubble_h1>");
+  pp.pipeline_schedule = sc::pipeline_schedule_kind::interleaved_1f1b;
+  check(
+      strata::conformance::run_parallel_suite<par::pipeline<strata::pipeline::interleaved_1f1b<2>>>(
+          {.name = "pipeline_interleaved",
+           .ranks = 2,
+           .data_ranks = 1,
+           .cfg = pp,
+           .same_params = false,
+           .memory_exact = false}),
+      "pipeline<interleaved_1f1b v=2>");
+  pp.pipeline_schedule = sc::pipeline_schedule_kind::gpipe;
+  check(strata::conformance::run_parallel_suite<par::pipeline<strata::pipeline::gpipe>>(
+            {.name = "pipeline_dp",
+             .ranks = 4,
+             .data_ranks = 2,
+             .cfg = pp,
+             .same_params = false,
+             .memory_exact = false}),
+        "pipeline<gpipe>, dp 2 x pp 2");
 }
 
 TEST_CASE("parallel conformance: a user's local SGD") {

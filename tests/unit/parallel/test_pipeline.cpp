@@ -40,11 +40,10 @@ namespace {
 
 // Eight layers, so that 4 stages of 2 chunks each get one.
 auto deep_mlp() {
-  return sm::sequential(strata::sample_shape{.channels = 1, .height = 1, .width = 8},
-                        sm::linear{.in = 8, .out = 32}, sm::relu{}, sm::dropout{.rate = 0.1},
-                        sm::linear{.in = 32, .out = 24}, sm::relu{},
-                        sm::linear{.in = 24, .out = 16}, sm::gelu{},
-                        sm::linear{.in = 16, .out = 4});
+  return sm::sequential(
+      strata::sample_shape{.channels = 1, .height = 1, .width = 8}, sm::linear{.in = 8, .out = 32},
+      sm::relu{}, sm::dropout{.rate = 0.1}, sm::linear{.in = 32, .out = 24}, sm::relu{},
+      sm::linear{.in = 24, .out = 16}, sm::gelu{}, sm::linear{.in = 16, .out = 4});
 }
 using model_t = decltype(deep_mlp());
 
@@ -89,8 +88,8 @@ void fit(Trainer& t, outcome& out, bool record_steps) {
       out.samples.push_back(m.samples);
     });
   }
-  const auto summary = t.fit(blobs{.n = 600}, strata::data::identity{},
-                             blobs{.n = 256, .salt = 1}, strata::data::identity{});
+  const auto summary = t.fit(blobs{.n = 600}, strata::data::identity{}, blobs{.n = 256, .salt = 1},
+                             strata::data::identity{});
   if (record_steps) {
     out.test_accuracy = summary.test_accuracy;
     out.skipped = summary.skipped_steps;
@@ -164,12 +163,12 @@ void equals_one_rank() {
   INFO(par::pipeline<Schedule>::name);
   auto cfg = base_config(std::string(pl::one_f_one_b::name));
   cfg.micro_batches = 5;  // pieces of 13 and a last of 12; the short batch: 5, 5, 5, 5, 4
-  cfg.pipeline_schedule = Schedule::chunks > 1 ? strata::config::pipeline_schedule_kind::interleaved_1f1b
-                          : std::string_view(Schedule::name) == "gpipe"
-                              ? strata::config::pipeline_schedule_kind::gpipe
-                          : std::string_view(Schedule::name) == "zero_bubble_h1"
-                              ? strata::config::pipeline_schedule_kind::zero_bubble_h1
-                              : strata::config::pipeline_schedule_kind::one_f_one_b;
+  cfg.pipeline_schedule =
+      Schedule::chunks > 1 ? strata::config::pipeline_schedule_kind::interleaved_1f1b
+      : std::string_view(Schedule::name) == "gpipe" ? strata::config::pipeline_schedule_kind::gpipe
+      : std::string_view(Schedule::name) == "zero_bubble_h1"
+          ? strata::config::pipeline_schedule_kind::zero_bubble_h1
+          : strata::config::pipeline_schedule_kind::one_f_one_b;
   const outcome reference = one_rank(base_config("one_rank"));
   for (const int stages : {2, 4}) {
     INFO("pp " << stages);
@@ -205,4 +204,199 @@ TEST_CASE("interleaved 1f1b (v = 2): one rank == pp 2 == pp 4, and dp 2 x pp 2")
 }
 TEST_CASE("zero bubble h1: one rank == pp 2 == pp 4, and dp 2 x pp 2") {
   equals_one_rank<pl::zero_bubble_h1>();
+}
+
+TEST_CASE("dp 2 x pp 2 ends with the parameters of one rank with twice the batch") {
+  auto c = base_config("dp_params");
+  c.pipeline_parallel_size = 2;
+  c.micro_batches = 4;
+  auto twice = base_config("dp_params_one");
+  twice.batch_size_per_gpu = 128;
+  const outcome wide = one_rank(twice);
+  const outcome mixed = pipelined<pl::one_f_one_b>(4, c);
+  REQUIRE(mixed.tensors.size() == wide.tensors.size());
+  double worst = 0.0;
+  for (const auto& [name, values] : wide.tensors) {
+    const auto& other = mixed.tensors.at(name);
+    REQUIRE(other.size() == values.size());
+    for (std::size_t i = 0; i < values.size(); ++i) {
+      worst = std::max(worst, static_cast<double>(std::abs(values[i] - other[i])));
+    }
+  }
+  CHECK(worst < 1e-4);
+}
+
+TEST_CASE("float16: an overflow on the first stage skips the step on every stage") {
+  auto c = base_config("fp16");
+  c.pipeline_parallel_size = 4;
+  c.micro_batches = 4;
+  c.mixed_precision_dtype = strata::config::precision_dtype::float16;
+  std::vector<std::uint64_t> skipped(4);
+  std::vector<std::vector<bool>> skips(4);
+  std::mutex lock;
+  threads::run(4, [&](threads& comm) {
+    auto cfg = c;
+    cfg.world_size = 4;
+    st::trainer<model_t, par::pipeline<pl::one_f_one_b>, strata::precision::fp16> t(
+        deep_mlp(), cfg, strata::comm::any_comm(comm), {.print_progress = false});
+    if (comm.rank() == 0) {
+      t.on_gradients([](std::uint64_t step, std::span<float> g) {
+        if (step == 3) {
+          g[0] = std::numeric_limits<float>::infinity();
+        }
+      });
+    }
+    std::vector<bool> mine;
+    t.on_step([&](const st::step_metrics& m) { mine.push_back(m.skipped); });
+    t.fit(blobs{.n = 600}, strata::data::identity{}, blobs{.n = 256, .salt = 1},
+          strata::data::identity{});
+    const std::lock_guard guard(lock);
+    skipped[static_cast<std::size_t>(comm.rank())] = t.skipped_steps();
+    skips[static_cast<std::size_t>(comm.rank())] = mine;
+  });
+  REQUIRE(skips[0].size() > 3);
+  CHECK(skips[0][3]);
+  for (int r = 1; r < 4; ++r) {
+    CHECK(skips[static_cast<std::size_t>(r)] == skips[0]);
+    CHECK(skipped[static_cast<std::size_t>(r)] == skipped[0]);
+  }
+}
+
+TEST_CASE("pipeline_split puts the layers where the user says; bad splits and keys are refused") {
+  auto c = base_config("split");
+  c.pipeline_parallel_size = 2;
+  c.world_size = 2;
+  c.policy["pipeline_split"] = "3,5";
+  std::vector<std::size_t> groups(2);
+  threads::run(2, [&](threads& comm) {
+    st::trainer<model_t, par::pipeline<pl::gpipe>> t(
+        deep_mlp(),
+        [&] {
+          auto k = c;
+          k.pipeline_schedule = strata::config::pipeline_schedule_kind::gpipe;
+          return k;
+        }(),
+        strata::comm::any_comm(comm), {.print_progress = false});
+    groups[static_cast<std::size_t>(comm.rank())] = t.params().groups().size();
+    if (comm.rank() == 0) {
+      CHECK(t.params().groups().back().name == "2");
+    } else {
+      CHECK(t.params().groups().front().name == "3");
+    }
+  });
+  CHECK(groups == std::vector<std::size_t>{3, 5});
+
+  const auto error_of = [](strata::config::train_config k, int ranks) {
+    k.world_size = ranks;
+    std::string what;
+    threads::run(ranks, [&](threads& comm) {
+      try {
+        st::trainer<model_t, par::pipeline<pl::one_f_one_b>> t(
+            deep_mlp(), k, strata::comm::any_comm(comm), {.print_progress = false});
+      } catch (const strata::config_error& e) {
+        if (comm.rank() == 0) {
+          what = e.what();
+        }
+      }
+    });
+    return what;
+  };
+  auto k = base_config("split_errors");
+  k.pipeline_parallel_size = 2;
+  k.policy["pipeline_split"] = "3,4";
+  CHECK(error_of(k, 2).find("policy.pipeline_split") != std::string::npos);
+  CHECK(error_of(k, 2).find("the split holds 7 layers, the model has 8") != std::string::npos);
+  k.policy["pipeline_split"] = "3;5";
+  CHECK(error_of(k, 2).find("not a comma-separated list of layer counts") != std::string::npos);
+  k.policy.clear();
+  k.policy["pipeline_memory_cap_mb"] = "0";
+  k.pipeline_parallel_size = 3;
+  CHECK(error_of(k, 4).find("pipeline_parallel_size = 3 does not divide world_size = 4") !=
+        std::string::npos);
+  k.pipeline_parallel_size = 2;
+  k.pipeline_schedule = strata::config::pipeline_schedule_kind::gpipe;
+  CHECK(error_of(k, 2).find("pipeline_schedule = gpipe, but the trainer's parallel policy is "
+                            "pipeline<one_f_one_b>") != std::string::npos);
+  // Pipeline keys under a policy that has no stages.
+  auto d = base_config("foreign");
+  d.world_size = 2;
+  d.micro_batches = 4;
+  std::string foreign;
+  threads::run(2, [&](threads& comm) {
+    try {
+      st::trainer<model_t, par::data<>> t(deep_mlp(), d, strata::comm::any_comm(comm),
+                                          {.print_progress = false});
+    } catch (const strata::config_error& e) {
+      if (comm.rank() == 0) {
+        foreign = e.what();
+      }
+    }
+  });
+  CHECK(foreign.find("micro_batches configures pipeline stages") != std::string::npos);
+}
+
+namespace {
+
+// Stage passes of fixed shapes that compute nothing: for the executor alone.
+struct shaped_passes final : par::stage_passes {
+  std::size_t in = 4;
+  std::size_t out = 4;
+  std::vector<float> data = std::vector<float>(64, 1.0f);
+  std::size_t input_elements(int) const override { return in; }
+  std::size_t output_elements(int) const override { return out; }
+  std::span<const float> forward(int, std::size_t, std::span<const float>,
+                                 const par::micro_batch& b, bool) override {
+    return std::span<const float>(data).first(b.size * out);
+  }
+  sm::loss_result loss(std::span<const float>, const par::micro_batch& b,
+                       std::span<float> grad) override {
+    std::fill(grad.begin(), grad.end(), 0.0f);
+    return {.loss_sum = 1.0, .correct = 0, .samples = b.size};
+  }
+  std::span<const float> backward(int, std::size_t, std::span<const float>, bool) override {
+    return std::span<const float>(data).first(2 * in);
+  }
+  void backward_weight(int, std::size_t) override {}
+};
+
+}  // namespace
+
+TEST_CASE("stages that disagree on the shape at their boundary: an error naming both") {
+  strata::config::train_config cfg;
+  cfg.world_size = 2;
+  cfg.pipeline_parallel_size = 2;
+  const auto outcomes = threads::try_run(2, [&](threads& comm) {
+    sm::param_store store({"0"}, {{sm::param_spec{.name = "w", .rows = 1, .cols = 4}}});
+    auto opt = strata::optim::make_optimizer({});
+    auto precision = strata::precision::fp32(cfg);
+    strata::comm::any_comm any(comm);
+    par::pipeline_executor<par::pipeline<pl::one_f_one_b>> e(
+        {.comm = &any,
+         .master = store,
+         .compute = store,
+         .optimizer = opt,
+         .cfg = cfg,
+         .precision = par::precision_ops_of(precision)});
+    shaped_passes passes;
+    if (comm.rank() == 0) {
+      passes.out = 3;  // stage 1 reads 4 floats per sample
+    }
+    const std::vector<std::int32_t> labels = {0, 1};
+    const std::vector<std::uint64_t> ids = {0, 1};
+    const std::vector<par::micro_batch> batches = {
+        {.inputs = std::span<const float>(passes.data).first(8),
+         .labels = labels,
+         .indices = ids,
+         .size = 2}};
+    (void)e.run_step(batches, passes);
+  });
+  REQUIRE(outcomes[1] != nullptr);
+  try {
+    std::rethrow_exception(outcomes[1]);
+  } catch (const std::exception& ex) {
+    const std::string what = ex.what();
+    CHECK(what.find("pipeline<one_f_one_b>: stage 0 (rank 0 of the pipeline) sent micro-batch 0's "
+                    "activation as") != std::string::npos);
+    CHECK(what.find("stage 1 expects 2 samples x 4 floats") != std::string::npos);
+  }
 }
