@@ -1,0 +1,124 @@
+// SPDX-License-Identifier: Apache-2.0
+// parallel::pipeline over Open MPI: the stages of one job (pp = N, and dp 2 x pp 2 on 4 ranks)
+// train like one process (computed in every process as the reference: losses of every step, each
+// stage's tensors against the reference's of the same name), and a second job resumes from the
+// checkpoint rank 0 wrote with the same parameters.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "strata/comm/any_comm.hpp"
+#include "strata/comm/mpi.hpp"
+#include "strata/data/transforms.hpp"
+#include "strata/parallel/pipeline.hpp"
+#include "strata/pipeline.hpp"
+#include "strata/train/trainer.hpp"
+
+#include "unit/common/blobs.hpp"
+
+namespace fs = std::filesystem;
+namespace sd = strata::data;
+namespace st = strata::train;
+namespace pl = strata::pipeline;
+using strata::comm::mpi;
+using strata::test::blobs;
+
+namespace {
+
+using model_t = decltype(strata::test::blobs_mlp());
+
+strata::config::train_config base_config(const std::string& name, bool shared) {
+  auto comm = mpi::world();
+  const fs::path dir = fs::path(STRATA_TEST_WORK_DIR) / "mpi_pipeline" /
+                       (shared ? name : name + "-" + std::to_string(comm.rank()));
+  if (!shared || comm.rank() == 0) {
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+  }
+  comm.barrier();
+  strata::config::train_config cfg;
+  cfg.epochs = 2;
+  cfg.lr = 0.05;
+  cfg.batch_size_per_gpu = 32;
+  cfg.loader_workers = 1;
+  cfg.checkpoint_dir = (dir / "ckpt").string();
+  cfg.checkpoint_interval = 1;
+  return cfg;
+}
+
+template <class Schedule>
+void check_pipeline(int stages, strata::config::pipeline_schedule_kind kind) {
+  auto comm = mpi::world();
+  const int ranks = comm.size();
+  const int replicas = ranks / stages;
+  const std::string name = std::string(Schedule::name) + "-pp" + std::to_string(stages);
+  INFO(name);
+  auto one_cfg = base_config(name + "-reference", false);
+  one_cfg.batch_size_per_gpu = 32 * replicas;
+  std::vector<double> one_losses;
+  st::trainer<model_t> one(strata::test::blobs_mlp(), one_cfg,
+                           {.print_progress = false, .independent_processes = true});
+  one.on_step([&](const st::step_metrics& m) { one_losses.push_back(m.loss); });
+  one.fit(blobs{}, sd::identity{}, blobs{.n = 256, .salt = 1}, sd::identity{});
+
+  auto cfg = base_config(name, true);
+  cfg.world_size = ranks;
+  cfg.communication_backend = strata::config::comm_backend_kind::mpi;
+  cfg.pipeline_parallel_size = stages;
+  cfg.pipeline_schedule = kind;
+  cfg.micro_batches = 3;  // 11, 11 and 10 samples
+  using trainer_t = st::trainer<model_t, strata::parallel::pipeline<Schedule>>;
+  std::vector<double> losses;
+  trainer_t t(strata::test::blobs_mlp(), cfg, strata::comm::any_comm(comm),
+              {.print_progress = false});
+  t.on_step([&](const st::step_metrics& m) { losses.push_back(m.loss); });
+  const st::fit_summary s = t.fit(blobs{}, sd::identity{}, blobs{.n = 256, .salt = 1},
+                                  sd::identity{});
+  REQUIRE(losses.size() == one_losses.size());
+  for (std::size_t i = 0; i < losses.size(); ++i) {
+    CHECK(losses[i] == doctest::Approx(one_losses[i]).epsilon(1e-5));
+  }
+  double worst = 0.0;
+  for (const auto& e : t.params().entries()) {
+    const auto mine = t.params().value(e.name);
+    const auto theirs = one.params().value(e.name);
+    REQUIRE(mine.size() == theirs.size());
+    for (std::size_t i = 0; i < mine.size(); ++i) {
+      worst = std::max(worst, static_cast<double>(std::abs(mine[i] - theirs[i])));
+    }
+  }
+  CHECK(worst < 1e-4);
+  CHECK(s.test_accuracy == doctest::Approx(one.evaluate(blobs{.n = 256, .salt = 1},
+                                                        sd::identity{})
+                                               .accuracy)
+                               .epsilon(1e-6));
+
+  // A second job resumes from the final checkpoint: every stage's parameters come back.
+  trainer_t again(strata::test::blobs_mlp(), cfg, strata::comm::any_comm(comm),
+                  {.print_progress = false});
+  const st::fit_summary r = again.fit(blobs{}, sd::identity{}, blobs{.n = 256, .salt = 1},
+                                      sd::identity{});
+  CHECK_FALSE(r.resumed_from.empty());
+  CHECK(r.params_xxh3 == s.params_xxh3);
+}
+
+}  // namespace
+
+TEST_CASE("pipelines over MPI train like one process and resume") {
+  const int ranks = mpi::world().size();
+  using kind = strata::config::pipeline_schedule_kind;
+  check_pipeline<pl::one_f_one_b>(ranks, kind::one_f_one_b);
+  check_pipeline<pl::zero_bubble_h1>(ranks, kind::zero_bubble_h1);
+  if (ranks == 2) {
+    check_pipeline<pl::interleaved_1f1b<2>>(2, kind::interleaved_1f1b);
+  }
+  if (ranks == 4) {
+    check_pipeline<pl::gpipe>(2, kind::gpipe);  // dp 2 x pp 2
+  }
+}
