@@ -78,8 +78,8 @@ void check_pipeline(int stages, strata::config::pipeline_schedule_kind kind) {
   trainer_t t(strata::test::blobs_mlp(), cfg, strata::comm::any_comm(comm),
               {.print_progress = false});
   t.on_step([&](const st::step_metrics& m) { losses.push_back(m.loss); });
-  const st::fit_summary s = t.fit(blobs{}, sd::identity{}, blobs{.n = 256, .salt = 1},
-                                  sd::identity{});
+  const st::fit_summary s =
+      t.fit(blobs{}, sd::identity{}, blobs{.n = 256, .salt = 1}, sd::identity{});
   REQUIRE(losses.size() == one_losses.size());
   for (std::size_t i = 0; i < losses.size(); ++i) {
     CHECK(losses[i] == doctest::Approx(one_losses[i]).epsilon(1e-5));
@@ -94,16 +94,15 @@ void check_pipeline(int stages, strata::config::pipeline_schedule_kind kind) {
     }
   }
   CHECK(worst < 1e-4);
-  CHECK(s.test_accuracy == doctest::Approx(one.evaluate(blobs{.n = 256, .salt = 1},
-                                                        sd::identity{})
-                                               .accuracy)
-                               .epsilon(1e-6));
+  CHECK(s.test_accuracy ==
+        doctest::Approx(one.evaluate(blobs{.n = 256, .salt = 1}, sd::identity{}).accuracy)
+            .epsilon(1e-6));
 
   // A second job resumes from the final checkpoint: every stage's parameters come back.
   trainer_t again(strata::test::blobs_mlp(), cfg, strata::comm::any_comm(comm),
                   {.print_progress = false});
-  const st::fit_summary r = again.fit(blobs{}, sd::identity{}, blobs{.n = 256, .salt = 1},
-                                      sd::identity{});
+  const st::fit_summary r =
+      again.fit(blobs{}, sd::identity{}, blobs{.n = 256, .salt = 1}, sd::identity{});
   CHECK_FALSE(r.resumed_from.empty());
   CHECK(r.params_xxh3 == s.params_xxh3);
 }

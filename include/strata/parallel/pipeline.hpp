@@ -37,6 +37,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <map>
 #include <optional>
 #include <span>
@@ -45,6 +46,11 @@
 #include <string_view>
 #include <utility>
 #include <vector>
+
+#ifndef XXH_INLINE_ALL
+#define XXH_INLINE_ALL
+#endif
+#include <xxhash.h>
 
 #include "strata/comm/any_comm.hpp"
 #include "strata/config/policy_keys.hpp"
@@ -324,6 +330,26 @@ class pipeline_executor : public local_executor, public pass_runner {
     return stage_ == 0 ? "rank-0.params.bin" : blob_name(stage_, "params");
   }
 
+  // Collective: the summary's params_xxh3. Rank 0 hashes every stage's parameters in stage
+  // order (the first replica's: the others hold the same); the other ranks their own.
+  std::string params_digest(std::span<const float> mine) {
+    std::vector<float> all(mine.begin(), mine.end());
+    if (replica_ == 0) {
+      for (int s = 1; s < stages_; ++s) {
+        std::int64_t n = stage_ == s ? static_cast<std::int64_t>(mine.size()) : 0;
+        pipe_->broadcast(&n, 1, dtype::int64, s);
+        if (stage_ == 0) {
+          const std::size_t at = all.size();
+          all.resize(at + static_cast<std::size_t>(n));
+          pipe_->recv(all.data() + at, static_cast<std::size_t>(n), dtype::float32, s, 9);
+        } else if (stage_ == s) {
+          pipe_->send(mine.data(), mine.size(), dtype::float32, 0, 9);
+        }
+      }
+    }
+    return hex_digest(all);
+  }
+
   // Collective: every stage's parameters (beyond stage 0's, the trainer's own) and optimizer
   // state, sent by the stage's first replica to rank 0, which writes them.
   std::vector<state_blob> state_blobs(std::uint64_t) {
@@ -373,6 +399,13 @@ class pipeline_executor : public local_executor, public pass_runner {
     std::vector<float> params;
     std::vector<float> state;
   };
+
+  static std::string hex_digest(std::span<const float> values) {
+    const std::uint64_t h = XXH3_64bits(values.data(), values.size_bytes());
+    char text[17] = {};
+    std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(h));
+    return text;
+  }
 
   static std::string blob_name(int stage, std::string_view what) {
     return "pipeline.stage-" + std::to_string(stage) + "." + std::string(what) + ".bin";

@@ -13,9 +13,11 @@
 //     gradient_accumulation_steps = 1 that is a fixed batch);
 //   - precision: precision::fp32, fp16 or bf16 by mixed_precision_dtype (with_precision_policy);
 //   - parallel: world_size 1 is parallel::single_rank; more is the data-parallel policy
-//     with_data_policy names, over communication_backend: `threads` runs world_size ranks as
-//     threads of this process (rank 0's summary is returned), `mpi` makes this process one rank
-//     of mpiexec's job (where the program links strata::mpi, which defines STRATA_HAVE_MPI).
+//     with_data_policy names, or with pipeline_parallel_size > 1 (every_policy menu) the
+//     pipeline with_pipeline_policy names, over communication_backend: `threads` runs
+//     world_size ranks as threads of this process (rank 0's summary is returned), `mpi` makes
+//     this process one rank of mpiexec's job (where the program links strata::mpi, which defines
+//     STRATA_HAVE_MPI).
 //
 // `train(trainer&)` runs on every rank (on thread ranks, concurrently) and returns fit()'s
 // summary. Each combination is one trainer type compiled in full: with
@@ -39,7 +41,9 @@
 #include "strata/core/dtype.hpp"
 #include "strata/core/error.hpp"
 #include "strata/parallel/data.hpp"
+#include "strata/parallel/pipeline.hpp"
 #include "strata/parallel/single_rank.hpp"
+#include "strata/pipeline.hpp"
 #include "strata/precision/fp32.hpp"
 #include "strata/precision/mixed.hpp"
 #include "strata/train/comm_config.hpp"
@@ -123,6 +127,25 @@ decltype(auto) with_data_policy(const config::train_config& cfg, Run&& run) {
     }
     return summed(std::type_identity<sp::all_reduce>{});
   }
+}
+
+// Calls run(std::type_identity<Policy>{}) with the pipeline of pipeline_schedule:
+// parallel::pipeline<gpipe | one_f_one_b | interleaved_1f1b<2> | zero_bubble_h1> (interleaved
+// with two chunks per rank; other chunk counts need a trainer of their own).
+template <class Run>
+decltype(auto) with_pipeline_policy(const config::train_config& cfg, Run&& run) {
+  namespace sp = parallel;
+  switch (cfg.pipeline_schedule) {
+    case config::pipeline_schedule_kind::gpipe:
+      return run(std::type_identity<sp::pipeline<strata::pipeline::gpipe>>{});
+    case config::pipeline_schedule_kind::interleaved_1f1b:
+      return run(std::type_identity<sp::pipeline<strata::pipeline::interleaved_1f1b<2>>>{});
+    case config::pipeline_schedule_kind::zero_bubble_h1:
+      return run(std::type_identity<sp::pipeline<strata::pipeline::zero_bubble_h1>>{});
+    case config::pipeline_schedule_kind::one_f_one_b:
+      break;
+  }
+  return run(std::type_identity<sp::pipeline<strata::pipeline::one_f_one_b>>{});
 }
 
 // Calls run(std::type_identity<Precision>{}) with the precision policy of mixed_precision_dtype.
@@ -219,6 +242,23 @@ fit_summary train_as_configured(const Model& model, const config::train_config& 
                          "STRATA_HAVE_MPI; strata's own build: STRATA_ENABLE_MPI=ON)");
     }
 #endif
+    if (cfg.pipeline_parallel_size > 1) {
+      if constexpr (Menu == data_parallel_menu::all_reduce_only) {
+        throw config_error({.key = "pipeline_parallel_size"},
+                           "this program compiles in data<all_reduce> only "
+                           "(strata::train::data_parallel_menu::all_reduce_only), no pipeline");
+      } else {
+        if (cfg.adaptive_batch) {
+          throw config_error({.key = "adaptive_batch"},
+                             "train_as_configured runs pipelines with a fixed batch; the trainer "
+                             "itself takes batch::adaptive with parallel::pipeline");
+        }
+        return with_pipeline_policy(cfg, [&]<class Policy>(std::type_identity<Policy>) {
+          return train_on_ranks<trainer<Model, batch::accumulate, Precision, Policy>>(model, cfg,
+                                                                                      train);
+        });
+      }
+    }
     return with_data_policy<Menu>(cfg, [&]<class Policy>(std::type_identity<Policy>) {
       // Runs trainer<Model, Batch, Precision, Policy> on every rank; rank 0's summary.
       const auto on_ranks = [&]<class Batch>(std::type_identity<Batch>) {

@@ -219,7 +219,7 @@ class trainer {
       run.summary.test_accuracy = ev.accuracy;
     }
     exec_->end_fit(step_);
-    return run.finish(step_, skipped_steps_, xxh3_hex(params_.values()));
+    return run.finish(step_, skipped_steps_, detail::params_digest_of(*exec_, params_.values()));
   }
 
   // Loss and accuracy of the current parameters on `test` (the first max_eval_samples).

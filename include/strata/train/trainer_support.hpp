@@ -322,6 +322,19 @@ parallel::pass_runner* passes_runner_of(Executor& e) {
   }
 }
 
+// The summary's params_xxh3: of this rank's parameters, or (collective) what the executor
+// makes of every rank's (a pipeline: rank 0 hashes every stage's, in stage order).
+template <class Executor>
+std::string params_digest_of(Executor& e, std::span<const float> mine) {
+  if constexpr (requires {
+                  { e.params_digest(mine) } -> std::convertible_to<std::string>;
+                }) {
+    return e.params_digest(mine);
+  } else {
+    return xxh3_hex(mine);
+  }
+}
+
 // The checkpoint blob this rank's parameters are read from.
 template <class Executor>
 std::string params_blob_of(const Executor& e) {
