@@ -21,10 +21,12 @@
 
 namespace strata::parallel {
 
-// Per layer: its cost per sample and its parameter count.
+// Per layer: its cost per sample, its parameter count and, when a probe measured them, the
+// seconds of its forward and backward on one micro-batch (empty: not measured).
 struct model_outline {
   std::vector<model::layer_cost> costs{};
   std::vector<std::size_t> parameters{};
+  std::vector<double> seconds{};
 };
 
 // `size` samples: inputs (size x input elements; empty where this rank does not read them),

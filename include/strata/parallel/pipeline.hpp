@@ -24,8 +24,10 @@
 // shape than it expects throws, naming both stages.
 //
 // Which layers each rank holds: [policy] pipeline_split (layers per virtual stage, comma
-// separated), else pipeline::balance over the layers' cost estimates (forward + backward flops)
-// within [policy] pipeline_memory_cap_mb per stage.
+// separated), else pipeline::balance within [policy] pipeline_memory_cap_mb per stage over the
+// layers' times: by default measured by a probe of each layer on one micro-batch (the slowest
+// rank's times, so that every rank cuts alike), with pipeline_balance = "estimated" their flop
+// estimates.
 //
 // Loss scaling, clipping and the skip decision see every stage: the found-inf vote and the
 // step's totals are reduced over all ranks; the adaptive micro-batch agrees over them too.
@@ -130,7 +132,11 @@ struct pipeline {
                          "separated; empty: balanced from the layers' cost estimates."},
       config::policy_key{"pipeline_memory_cap_mb", config::policy_value::integer, "0", 0, 1 << 30,
                          "Most MiB of parameters, optimizer state and activations per stage that "
-                         "the balanced split may use; 0: no cap."}};
+                         "the balanced split may use; 0: no cap."},
+      config::policy_key{"pipeline_balance", config::policy_value::text, "measured", 0, 0,
+                         "What the balanced split weighs layers by: measured (a probe of each "
+                         "layer's forward and backward on one micro-batch) or estimated (their "
+                         "flop estimates)."}};
   using executor = pipeline_executor<pipeline>;
 
   // world_size = the communicator's, a multiple of pipeline_parallel_size; pipeline_schedule
@@ -212,17 +218,37 @@ class pipeline_executor : public local_executor, public pass_runner {
     return mine;
   }
 
+  // The micro-batch the trainer probes each layer with (its times balance the stages), or 0 when
+  // the split does not need them.
+  static std::size_t measures_layers(const config::train_config& cfg) {
+    if (!config::policy_text(cfg, Policy::config_keys[0]).empty() ||
+        config::policy_text(cfg, Policy::config_keys[2]) != "measured") {
+      return 0;
+    }
+    return micro_batch_of(cfg);
+  }
+  static std::size_t micro_batch_of(const config::train_config& cfg) {
+    return std::max<std::size_t>(
+        1, (static_cast<std::size_t>(cfg.batch_size_per_gpu) + cfg.micro_batches - 1) /
+               static_cast<std::size_t>(cfg.micro_batches));
+  }
+
   // The split of the model's layers into p x chunks virtual stages.
   static strata::pipeline::partition split(const model_outline& m,
                                            const config::train_config& cfg) {
     const int p = static_cast<int>(cfg.pipeline_parallel_size);
     const int virtual_stages = p * Schedule::chunks;
     strata::pipeline::partition_problem pb{.stages = virtual_stages};
-    const std::size_t micro = std::max<std::size_t>(
-        1, (static_cast<std::size_t>(cfg.batch_size_per_gpu) + cfg.micro_batches - 1) /
-               static_cast<std::size_t>(cfg.micro_batches));
+    const std::size_t micro = micro_batch_of(cfg);
+    const std::string balance = config::policy_text(cfg, Policy::config_keys[2]);
+    if (balance != "measured" && balance != "estimated") {
+      throw config_error({.key = "policy.pipeline_balance", .file = {}, .line = 0, .column = 0},
+                         "'" + balance + "': not one of measured, estimated");
+    }
+    const bool measured = m.seconds.size() == m.costs.size();
     for (std::size_t i = 0; i < m.costs.size(); ++i) {
-      pb.layer_seconds.push_back(m.costs[i].forward_flops + m.costs[i].backward_flops);
+      pb.layer_seconds.push_back(measured ? m.seconds[i]
+                                          : m.costs[i].forward_flops + m.costs[i].backward_flops);
       // Values, gradients and up to two optimizer floats per parameter.
       pb.layer_fixed_bytes.push_back(m.parameters[i] * 4 * sizeof(float));
       pb.layer_activation_bytes.push_back(m.costs[i].activation_bytes * micro);
@@ -244,7 +270,13 @@ class pipeline_executor : public local_executor, public pass_runner {
     };
     try {
       if (text.empty()) {
-        return strata::pipeline::balance(pb);
+        try {
+          return strata::pipeline::balance(pb);
+        } catch (const std::invalid_argument& e) {
+          throw config_error(
+              {.key = "policy.pipeline_memory_cap_mb", .file = {}, .line = 0, .column = 0},
+              e.what());
+        }
       }
       std::vector<std::size_t> counts;
       std::size_t start = 0;
@@ -292,8 +324,24 @@ class pipeline_executor : public local_executor, public pass_runner {
   model::loss_result run_step(std::span<const micro_batch> batches, stage_passes& passes) override {
     pieces_ = cut(batches);
     const auto& lists = lists_for(static_cast<int>(pieces_.size()));
-    return replay(lists.ranks[static_cast<std::size_t>(stage_)], passes, true);
+    const auto begin = clock::now();
+    model::loss_result r = replay(lists.ranks[static_cast<std::size_t>(stage_)], passes, true);
+    timing_.wall += std::chrono::duration<double>(clock::now() - begin).count();
+    ++timing_.steps;
+    return r;
   }
+
+  // What this rank's training steps took since the last reset: the schedule's wall time, the
+  // time in passes, and the most micro-batches (x chunks) it held between forward and the end of
+  // their backward. 1 - busy / wall is this rank's idle share (its part of the bubble).
+  struct step_timing {
+    double wall = 0.0;
+    double busy = 0.0;
+    std::size_t steps = 0;
+    std::size_t peak_in_flight = 0;
+  };
+  const step_timing& timing() const noexcept { return timing_; }
+  void reset_timing() noexcept { timing_ = {}; }
 
   model::loss_result run_forward(std::span<const micro_batch> batches,
                                  stage_passes& passes) override {
@@ -529,6 +577,12 @@ class pipeline_executor : public local_executor, public pass_runner {
       std::copy(data.begin(), data.end(), msg.data.data() + 2);
     };
     std::vector<strata::pipeline::action> peers(slots * 2);  // who each receive came from
+    std::size_t in_flight = 0;
+    const auto busy = [&](clock::time_point from, bool counted) {
+      if (counted) {
+        timing_.busy += std::chrono::duration<double>(clock::now() - from).count();
+      }
+    };
     for (const auto& a : list) {
       const int s = stage_of(a.chunk);
       const micro_batch& b =
@@ -553,14 +607,20 @@ class pipeline_executor : public local_executor, public pass_runner {
             slot = next_slot[static_cast<std::size_t>(a.chunk)]++;
           }
           slot_of[k] = slot;
+          const auto pass_begin = clock::now();
           const std::span<const float> out = passes.forward(a.chunk, slot, input, b, training);
+          in_flight = training ? in_flight + 1 : in_flight;
+          timing_.peak_in_flight = std::max(timing_.peak_in_flight, in_flight);
+          busy(pass_begin, training);
           if (s == last) {
             std::span<float> grad{};
             if (training) {
               loss_grad[static_cast<std::size_t>(a.micro)] = buffer<float>(out.size());
               grad = loss_grad[static_cast<std::size_t>(a.micro)].span();
             }
+            const auto loss_begin = clock::now();
             total += passes.loss(out, b, grad);
+            busy(loss_begin, training);
             if (!training) {
               free_slots[static_cast<std::size_t>(a.chunk)].push_back(slot);
             }
@@ -592,7 +652,10 @@ class pipeline_executor : public local_executor, public pass_runner {
             upstream = received(peers[k * 2 + 1], true, passes.output_elements(a.chunk));
           }
           const bool split = a.kind == op::backward_input;
+          const auto pass_begin = clock::now();
           const std::span<const float> down = passes.backward(a.chunk, slot_of[k], upstream, split);
+          busy(pass_begin, training);
+          in_flight -= split ? 0 : 1;
           if (s > 0) {
             stage_message(grad_out[k], down, b.size);
           }
@@ -601,10 +664,14 @@ class pipeline_executor : public local_executor, public pass_runner {
           }
           break;
         }
-        case op::backward_weight:
+        case op::backward_weight: {
+          const auto pass_begin = clock::now();
           passes.backward_weight(a.chunk, slot_of[k]);
+          busy(pass_begin, training);
+          --in_flight;
           free_slots[static_cast<std::size_t>(a.chunk)].push_back(slot_of[k]);
           break;
+        }
         case op::step:
           break;
       }
@@ -629,6 +696,7 @@ class pipeline_executor : public local_executor, public pass_runner {
   std::map<int, strata::pipeline::schedule_lists> lists_{};
   std::vector<micro_batch> pieces_{};
   std::map<int, saved_stage> saved_{};
+  step_timing timing_{};
 };
 
 }  // namespace strata::parallel

@@ -7,6 +7,7 @@
 // largest micro-batch; forward runs in training or evaluation mode with the step's seed, step and
 // the samples' dataset indices, so dropout draws what it draws on one rank.
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -47,6 +48,38 @@ parallel::model_outline outline_of(const Model& m) {
       n += s.elements();
     }
     out.parameters.push_back(n);
+  }
+  return out;
+}
+
+// The seconds of each layer's forward and backward (its input gradient only where a layer in
+// front has parameters, as in training) on `batch` samples: the best of `repeats` after one
+// warm-up, each layer alone with a store of its own parameters (so the probe never holds the
+// whole model).
+template <class Model>
+std::vector<double> probe_layer_seconds(const Model& m, std::size_t batch, std::uint64_t seed,
+                                        int repeats = 3) {
+  using clock = std::chrono::steady_clock;
+  const std::size_t layers = m.costs().size();
+  std::vector<double> out(layers, 0.0);
+  for (std::size_t i = 0; i < layers; ++i) {
+    const model::layer_range one{i, i + 1};
+    model::param_store params = m.make_params({}, std::span<const model::layer_range>(&one, 1));
+    params.initialize(seed);
+    auto w = m.make_workspace(batch, {}, one, 0);
+    const std::vector<float> input(batch * m.shapes()[i].elements(), 0.5f);
+    const std::vector<float> grad(batch * m.shapes()[i + 1].elements(), 0.01f);
+    double best = 0.0;
+    for (int r = 0; r <= repeats; ++r) {
+      const auto begin = clock::now();
+      (void)m.forward(w, params, input, batch, {.training = true, .seed = seed});
+      m.backward(w, params, grad);
+      const double s = std::chrono::duration<double>(clock::now() - begin).count();
+      if (r == 1 || (r > 1 && s < best)) {
+        best = s;  // r = 0 warms up
+      }
+    }
+    out[i] = best;
   }
   return out;
 }

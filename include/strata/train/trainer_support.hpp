@@ -287,7 +287,21 @@ std::vector<model::layer_range> rank_layers_of(const Model& m, const config::tra
     const int rank = comm != nullptr ? comm->rank() : 0;
     Policy::check_config(cfg, world, rank);
     if constexpr (runs_layer_ranges<Model>) {
-      return Executor::rank_layers(outline_of(m), cfg, world, rank);
+      parallel::model_outline outline = outline_of(m);
+      if constexpr (requires {
+                      { Executor::measures_layers(cfg) } -> std::convertible_to<std::size_t>;
+                    }) {
+        // A probe of each layer on a micro-batch; every rank takes the slowest rank's times, so
+        // that all of them cut the model alike.
+        if (const std::size_t batch = Executor::measures_layers(cfg); batch > 0) {
+          outline.seconds = probe_layer_seconds(m, batch, static_cast<std::uint64_t>(cfg.seed));
+          if (comm != nullptr) {
+            comm->all_reduce(outline.seconds.data(), outline.seconds.data(), outline.seconds.size(),
+                             dtype::float64, comm::reduce_op::max);
+          }
+        }
+      }
+      return Executor::rank_layers(outline, cfg, world, rank);
     } else {
       throw std::invalid_argument(
           "parallel policy " + std::string(Policy::name) +

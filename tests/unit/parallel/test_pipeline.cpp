@@ -309,6 +309,12 @@ TEST_CASE("pipeline_split puts the layers where the user says; bad splits and ke
   k.policy["pipeline_split"] = "3;5";
   CHECK(error_of(k, 2).find("not a comma-separated list of layer counts") != std::string::npos);
   k.policy.clear();
+  k.policy["pipeline_balance"] = "guess";
+  CHECK(error_of(k, 2).find("policy.pipeline_balance") != std::string::npos);
+  k.policy["pipeline_balance"] = "estimated";
+  k.policy["pipeline_memory_cap_mb"] = "0";
+  CHECK(error_of(k, 2).empty());
+  k.policy.clear();
   k.policy["pipeline_memory_cap_mb"] = "0";
   k.pipeline_parallel_size = 3;
   CHECK(error_of(k, 4).find("pipeline_parallel_size = 3 does not divide world_size = 4") !=
