@@ -189,8 +189,10 @@ schedule_row run_sleeping(int p, int m, const options& o, std::string_view label
       std::vector<float> inputs(static_cast<std::size_t>(m), 0.0f);
       std::vector<std::int32_t> labels(static_cast<std::size_t>(m), 0);
       std::vector<std::uint64_t> ids(static_cast<std::size_t>(m), 0);
-      const std::vector<par::micro_batch> batch = {
-          {.inputs = inputs, .labels = labels, .indices = ids, .size = static_cast<std::size_t>(m)}};
+      const std::vector<par::micro_batch> batch = {{.inputs = inputs,
+                                                    .labels = labels,
+                                                    .indices = ids,
+                                                    .size = static_cast<std::size_t>(m)}};
       any.barrier();
       const auto t0 = clock_type::now();
       (void)e.run_step(batch, passes);
@@ -218,9 +220,8 @@ schedule_row run_sleeping(int p, int m, const options& o, std::string_view label
   const double pp = p;
   const double mm = m;
   const auto lists = S{}.lists(pl::shape_for<S>(p, m));
-  const auto sim = pl::simulate(lists, {.forward = 1.0 / v,
-                                        .backward_input = 1.0 / v,
-                                        .backward_weight = 1.0 / v});
+  const auto sim = pl::simulate(
+      lists, {.forward = 1.0 / v, .backward_input = 1.0 / v, .backward_weight = 1.0 / v});
   row.bubble_simulated = sim.bubble();
   if constexpr (S::splits_backward) {
     row.bubble_theory = (pp - 1) / (3 * mm + pp - 1);
@@ -249,11 +250,10 @@ auto make_mlp() {
                         sm::linear{.in = 1024, .out = 10});
 }
 auto make_unbalanced() {
-  return sm::sequential({.channels = 1, .height = 28, .width = 28}, sm::flatten{},
-                        sm::linear{.in = 784, .out = 2048}, sm::relu{},
-                        sm::linear{.in = 2048, .out = 2048}, sm::relu{},
-                        sm::linear{.in = 2048, .out = 256}, sm::relu{},
-                        sm::linear{.in = 256, .out = 10});
+  return sm::sequential(
+      {.channels = 1, .height = 28, .width = 28}, sm::flatten{}, sm::linear{.in = 784, .out = 2048},
+      sm::relu{}, sm::linear{.in = 2048, .out = 2048}, sm::relu{},
+      sm::linear{.in = 2048, .out = 256}, sm::relu{}, sm::linear{.in = 256, .out = 10});
 }
 
 sc::train_config compute_config(const options& o, int ranks) {
@@ -346,13 +346,14 @@ compute_row two_stages(Model model, const options& o, const sd::idx_dataset& tra
 
 int main(int argc, char** argv) {
   const options o = parse(argc, argv);
-  std::printf("# pipeline schedules over sleeping stages (unit %.1f ms: F 1, B 1, W 1; whole "
-              "backward 2), median of %zu runs\n",
-              o.unit_ms, o.repeats);
+  std::printf(
+      "# pipeline schedules over sleeping stages (unit %.1f ms: F 1, B 1, W 1; whole "
+      "backward 2), median of %zu runs\n",
+      o.unit_ms, o.repeats);
   std::printf("# CPU: %s, %u hardware threads\n", cpu_model().c_str(),
               std::thread::hardware_concurrency());
-  std::printf("%-16s %6s %6s %10s %10s %10s %8s %10s %10s %12s\n", "schedule", "p", "m",
-              "measured", "theory", "simulated", "diff", "peak", "peak_thy", "makespan_ms");
+  std::printf("%-16s %6s %6s %10s %10s %10s %8s %10s %10s %12s\n", "schedule", "p", "m", "measured",
+              "theory", "simulated", "diff", "peak", "peak_thy", "makespan_ms");
   std::vector<schedule_row> rows;
   int misses = 0;
   for (const int p : o.stages) {
@@ -385,8 +386,8 @@ int main(int argc, char** argv) {
     compute.push_back(one);
     compute.push_back(two_stages<pl::one_f_one_b>(make_mlp(), o, train, test, "mlp pp2 1f1b", "",
                                                   sc::pipeline_schedule_kind::one_f_one_b));
-    compute.push_back(two_stages<pl::zero_bubble_h1>(make_mlp(), o, train, test,
-                                                     "mlp pp2 zb_h1", "",
+    compute.push_back(two_stages<pl::zero_bubble_h1>(make_mlp(), o, train, test, "mlp pp2 zb_h1",
+                                                     "",
                                                      sc::pipeline_schedule_kind::zero_bubble_h1));
     const compute_row uone = one_rank(make_unbalanced(), o, train, test, "unbalanced 1 rank");
     compute.push_back(uone);

@@ -8,7 +8,9 @@
 #include "strata/parallel/concepts.hpp"
 #include "strata/parallel/data.hpp"
 #include "strata/parallel/data_executor.hpp"
+#include "strata/parallel/pipeline.hpp"
 #include "strata/parallel/single_rank.hpp"
+#include "strata/pipeline.hpp"
 
 namespace sp = strata::parallel;
 
@@ -25,6 +27,12 @@ static_assert(sp::check_parallel_policy<sp::data<sp::all_gather, sp::compress::t
 static_assert(sp::check_parallel_policy<sp::data<sp::parameter_server>>());
 static_assert(sp::check_parallel_policy<sp::data<sp::parameter_server, sp::compress::topk>>());
 static_assert(sp::check_parallel_policy<sp::zero1>());
+static_assert(sp::check_parallel_policy<sp::pipeline<strata::pipeline::one_f_one_b>>());
+static_assert(sp::check_parallel_policy<sp::pipeline<strata::pipeline::interleaved_1f1b<2>>>());
+static_assert(sp::check_parallel_policy<sp::pipeline<strata::pipeline::zero_bubble_h1>>());
+static_assert(sp::pipeline<strata::pipeline::interleaved_1f1b<2>>::name ==
+              "pipeline<interleaved_1f1b v=2>");
+static_assert(sp::pipeline<strata::pipeline::gpipe>::name == "pipeline<gpipe>");
 static_assert(!sp::single_rank::distributed && sp::zero1::distributed && sp::data<>::distributed);
 
 // A user's policy with every requirement: its executor is the one-rank behaviour, each rank

@@ -29,7 +29,7 @@
 // rank's times, so that every rank cuts alike), with pipeline_balance = "estimated" their flop
 // estimates.
 //
-// Loss scaling, clipping and the skip decision see every stage: the found-inf vote and the
+// Loss scaling and the skip decision see every stage: the found-inf vote and the
 // step's totals are reduced over all ranks; the adaptive micro-batch agrees over them too.
 // Checkpoints: rank 0 writes every stage's parameters and optimizer state (its own as the
 // trainer's params blob, the others' as pipeline.stage-<s>.*.bin), and each stage reads its own.
@@ -321,8 +321,12 @@ class pipeline_executor : public local_executor, public pass_runner {
   pass_runner* passes_runner() noexcept { return this; }
   bool splits_backward() const override { return Schedule::splits_backward; }
 
+  // Only the first stage reads input samples; the last gets the labels from it (run_step).
+  bool reads_inputs() const noexcept { return stage_ == 0; }
+
   model::loss_result run_step(std::span<const micro_batch> batches, stage_passes& passes) override {
     pieces_ = cut(batches);
+    share_labels();
     const auto& lists = lists_for(static_cast<int>(pieces_.size()));
     const auto begin = clock::now();
     model::loss_result r = replay(lists.ranks[static_cast<std::size_t>(stage_)], passes, true);
@@ -457,6 +461,35 @@ class pipeline_executor : public local_executor, public pass_runner {
 
   static std::string blob_name(int stage, std::string_view what) {
     return "pipeline.stage-" + std::to_string(stage) + "." + std::string(what) + ".bin";
+  }
+
+  // The step's labels, read by the first stage, to the last stage (one message), which uses them
+  // in place of its own loader's.
+  void share_labels() {
+    if (stages_ == 1 || (stage_ != 0 && stage_ != stages_ - 1)) {
+      return;
+    }
+    std::size_t total = 0;
+    for (const micro_batch& b : pieces_) {
+      total += b.size;
+    }
+    labels_.resize(total);
+    if (stage_ == 0) {
+      std::size_t at = 0;
+      for (const micro_batch& b : pieces_) {
+        std::copy(b.labels.begin(), b.labels.end(),
+                  labels_.begin() + static_cast<std::ptrdiff_t>(at));
+        at += b.size;
+      }
+      pipe_->send(labels_.data(), total, dtype::int32, stages_ - 1, 15);
+      return;
+    }
+    pipe_->recv(labels_.data(), total, dtype::int32, 0, 15);
+    std::size_t at = 0;
+    for (micro_batch& b : pieces_) {
+      b.labels = std::span<const std::int32_t>(labels_).subspan(at, b.size);
+      at += b.size;
+    }
   }
 
   // Every loader batch cut into micro_batches pieces (the last of each may be smaller).
@@ -695,6 +728,7 @@ class pipeline_executor : public local_executor, public pass_runner {
   std::optional<comm::any_comm> dp_{};
   std::map<int, strata::pipeline::schedule_lists> lists_{};
   std::vector<micro_batch> pieces_{};
+  std::vector<std::int32_t> labels_{};  // the last stage's, from the first
   std::map<int, saved_stage> saved_{};
   step_timing timing_{};
 };

@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <span>
 #include <string>
 #include <utility>
 
@@ -31,23 +32,88 @@
 
 namespace strata::train {
 
+namespace detail {
+
+// The training set as a rank reads it: a rank that does not read input samples (a pipeline's
+// later stages: executor reads_inputs() false) gets zeros and label 0 without reading anything;
+// its loader still gives the batches' sizes and sample indices.
+template <class Dataset>
+class input_reader {
+ public:
+  using dataset_category = data::dataset_tag;
+  input_reader(const Dataset& d, bool reads) : data_(&d), reads_(reads) {}
+  std::size_t size() const { return data::dataset_traits<Dataset>::size(*data_); }
+  sample_shape shape() const { return data::dataset_traits<Dataset>::shape(*data_); }
+  std::int32_t read(std::size_t i, std::span<float> out) const {
+    if (!reads_) {
+      std::fill(out.begin(), out.end(), 0.0f);
+      return 0;
+    }
+    return data::dataset_traits<Dataset>::read(*data_, i, out);
+  }
+
+ private:
+  const Dataset* data_;
+  bool reads_;
+};
+
+// The augmentation as such a rank runs it: not at all (zeros out).
+template <class Transform>
+class input_transform {
+ public:
+  using transform_category = data::transform_tag;
+  input_transform(const Transform& t, bool applies) : t_(&t), applies_(applies) {}
+  sample_shape output_shape(const sample_shape& in) const {
+    return data::transform_traits<Transform>::output_shape(*t_, in);
+  }
+  void apply(std::span<const float> in, const sample_shape& in_shape, std::span<float> out,
+             const data::transform_context& context) const {
+    if (!applies_) {
+      std::fill(out.begin(), out.end(), 0.0f);
+      return;
+    }
+    data::transform_traits<Transform>::apply(*t_, in, in_shape, out, context);
+  }
+
+ private:
+  const Transform* t_;
+  bool applies_;
+};
+
+// Whether this rank's executor reads input samples (default: yes).
+template <class Executor>
+bool reads_inputs_of(const Executor& e) {
+  if constexpr (requires {
+                  { e.reads_inputs() } -> std::convertible_to<bool>;
+                }) {
+    return e.reads_inputs();
+  } else {
+    return true;
+  }
+}
+
+}  // namespace detail
+
 template <class Trainer, class TrainSet, class Augment>
 struct fit_run {
-  using loader_type = data::prefetch_loader<data::subset<TrainSet>, Augment>;
+  using loader_type = data::prefetch_loader<data::subset<detail::input_reader<TrainSet>>,
+                                            detail::input_transform<Augment>>;
   using clock = std::chrono::steady_clock;
 
   fit_run(Trainer& t, const TrainSet& train, const Augment& augment)
-      : view(train, static_cast<std::size_t>(t.cfg_.max_train_samples)),
+      : reads(detail::reads_inputs_of(*t.exec_)),
+        reader(train, reads),
+        transform(augment, reads),
+        view(reader, static_cast<std::size_t>(t.cfg_.max_train_samples)),
         micro_batch(t.loader_batch()),
-        loader(view, augment, training_sampler(t, view.size()), t.loader_settings(false)),
+        loader(view, transform, training_sampler(t, view.size()), t.loader_settings(false)),
         store(t.checkpoints()),
         bar({.enabled = t.options_.print_progress && t.rank() == 0,
              .log_every = static_cast<std::uint64_t>(t.cfg_.log_every),
              .terminal = t.options_.terminal,
              .out = t.options_.progress_out}),
         runner(t.runner_parts(), micro_batch, t.exec_->begin_fit(), bar) {
-    t.check_input_shape(data::dataset_traits<data::subset<TrainSet>>::shape(view), augment,
-                        "training");
+    t.check_input_shape(data::dataset_traits<TrainSet>::shape(train), augment, "training");
     // The batch policy sizes the loader batches and says how many of them each optimizer
     // step takes (the epoch's last step may take fewer); the schedule and the progress count
     // steps of the size it gives late in training.
@@ -121,7 +187,10 @@ struct fit_run {
   }
 
   const clock::time_point begin = clock::now();
-  const data::subset<TrainSet> view;
+  const bool reads;  // this rank reads input samples (not a pipeline's later stage)
+  const detail::input_reader<TrainSet> reader;
+  const detail::input_transform<Augment> transform;
+  const data::subset<detail::input_reader<TrainSet>> view;
   const std::size_t micro_batch;  // samples per loader batch
   loader_type loader;
   checkpoint_store store;

@@ -8,11 +8,13 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <limits>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <type_traits>
@@ -405,4 +407,151 @@ TEST_CASE("stages that disagree on the shape at their boundary: an error naming 
                     "activation as") != std::string::npos);
     CHECK(what.find("stage 1 expects 2 samples x 4 floats") != std::string::npos);
   }
+}
+
+namespace {
+
+// Blobs that count the samples read (each rank its own counter).
+struct counted_blobs {
+  using dataset_category = strata::data::dataset_tag;
+  blobs inner{};
+  std::shared_ptr<std::atomic<std::size_t>> reads = std::make_shared<std::atomic<std::size_t>>(0);
+  std::size_t size() const { return inner.size(); }
+  strata::sample_shape shape() const { return inner.shape(); }
+  std::int32_t read(std::size_t i, std::span<float> out) const {
+    ++*reads;
+    return inner.read(i, out);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("only the first stage reads training samples; the last gets their labels from it") {
+  auto cfg = base_config("reads");
+  cfg.pipeline_parallel_size = 4;
+  cfg.world_size = 4;
+  cfg.micro_batches = 4;
+  cfg.epochs = 1;
+  std::vector<std::size_t> reads(4);
+  std::vector<double> losses;
+  // snippet-begin: pipeline
+  // pipeline_parallel_size = 4, world_size = 4, micro_batches = 4 (pieces of each batch)
+  threads::run(4, [&](threads& comm) {
+    st::trainer<model_t, par::pipeline<pl::one_f_one_b>> t(
+        deep_mlp(), cfg, strata::comm::any_comm(comm), {.print_progress = false});
+    // snippet-end: pipeline
+    std::vector<double> mine;
+    t.on_step([&](const st::step_metrics& m) { mine.push_back(m.loss); });
+    const counted_blobs train{.inner = blobs{.n = 600}};
+    t.fit(train, strata::data::identity{}, blobs{.n = 256, .salt = 1}, strata::data::identity{});
+    reads[static_cast<std::size_t>(comm.rank())] = *train.reads;
+    if (comm.rank() == 0) {
+      losses = mine;
+    }
+  });
+  CHECK(reads[0] >= 600);
+  CHECK(reads[1] == 0);
+  CHECK(reads[2] == 0);
+  CHECK(reads[3] == 0);
+  // The labels are right: the same losses as one rank.
+  auto one = base_config("reads_one");
+  one.epochs = 1;
+  const outcome reference = one_rank(one);
+  REQUIRE(losses.size() == reference.losses.size());
+  for (std::size_t i = 0; i < losses.size(); ++i) {
+    CHECK(losses[i] == doctest::Approx(reference.losses[i]).epsilon(1e-5));
+  }
+}
+
+namespace {
+
+// 1 x 6 x 6 images of four classes: class c brightens quadrant c.
+struct quadrants {
+  using dataset_category = strata::data::dataset_tag;
+  std::size_t n = 384;
+  std::uint64_t salt = 0;
+  std::size_t size() const { return n; }
+  strata::sample_shape shape() const { return {.channels = 1, .height = 6, .width = 6}; }
+  std::int32_t read(std::size_t i, std::span<float> out) const {
+    const auto label = static_cast<std::int32_t>(i % 4);
+    strata::rng_stream rng = strata::rng_stream::for_sample(7 + salt, 0, i);
+    for (std::size_t y = 0; y < 6; ++y) {
+      for (std::size_t x = 0; x < 6; ++x) {
+        const auto quadrant = static_cast<std::int32_t>((y / 3) * 2 + x / 3);
+        out[y * 6 + x] = (quadrant == label ? 1.5f : 0.0f) + 0.5f * rng.normal_float();
+      }
+    }
+    return label;
+  }
+};
+
+auto tiny_cnn() {
+  return sm::sequential(strata::sample_shape{.channels = 1, .height = 6, .width = 6},
+                        sm::conv2d{.in_channels = 1, .out_channels = 4}, sm::relu{},
+                        sm::max_pool2d{}, sm::flatten{}, sm::linear{.in = 36, .out = 4});
+}
+
+}  // namespace
+
+TEST_CASE("the CNN: one rank == pp 2 with 1f1b and zb-h1 (conv2d's backward does not split)") {
+  auto cfg = base_config("cnn");
+  cfg.batch_size_per_gpu = 32;
+  cfg.micro_batches = 4;
+  using cnn_t = decltype(tiny_cnn());
+  const auto run_one = [&] {
+    auto c = base_config("cnn_one");
+    c.batch_size_per_gpu = 32;
+    st::trainer<cnn_t> u(tiny_cnn(), c, {.print_progress = false});
+    std::vector<double> mine;
+    u.on_step([&](const st::step_metrics& m) { mine.push_back(m.loss); });
+    u.fit(quadrants{}, strata::data::identity{}, quadrants{.n = 128, .salt = 1},
+          strata::data::identity{});
+    return mine;
+  };
+  const std::vector<double> reference = run_one();
+  REQUIRE(reference.size() == 24);
+  const auto staged = [&]<class Schedule>(std::type_identity<Schedule>,
+                                          strata::config::pipeline_schedule_kind kind) {
+    auto c = cfg;
+    c.world_size = 2;
+    c.pipeline_parallel_size = 2;
+    c.pipeline_schedule = kind;
+    std::vector<double> losses;
+    threads::run(2, [&](threads& comm) {
+      st::trainer<cnn_t, par::pipeline<Schedule>> t(tiny_cnn(), c, strata::comm::any_comm(comm),
+                                                    {.print_progress = false});
+      std::vector<double> mine;
+      t.on_step([&](const st::step_metrics& m) { mine.push_back(m.loss); });
+      t.fit(quadrants{}, strata::data::identity{}, quadrants{.n = 128, .salt = 1},
+            strata::data::identity{});
+      if (comm.rank() == 0) {
+        losses = mine;
+      }
+    });
+    return losses;
+  };
+  for (const auto& losses : {staged(std::type_identity<pl::one_f_one_b>{},
+                                    strata::config::pipeline_schedule_kind::one_f_one_b),
+                             staged(std::type_identity<pl::zero_bubble_h1>{},
+                                    strata::config::pipeline_schedule_kind::zero_bubble_h1)}) {
+    REQUIRE(losses.size() == reference.size());
+    for (std::size_t i = 0; i < losses.size(); ++i) {
+      INFO("step " << i);
+      CHECK(losses[i] == doctest::Approx(reference[i]).epsilon(1e-5));
+    }
+  }
+}
+
+TEST_CASE("layer-wise model parallelism is a pipeline of one micro-batch") {
+  auto cfg = base_config("layerwise");
+  cfg.pipeline_parallel_size = 4;
+  cfg.micro_batches = 1;
+  check_same(pipelined<pl::gpipe>(4,
+                                  [&] {
+                                    auto c = cfg;
+                                    c.pipeline_schedule =
+                                        strata::config::pipeline_schedule_kind::gpipe;
+                                    return c;
+                                  }()),
+             one_rank(base_config("layerwise_one")));
 }

@@ -19,6 +19,7 @@ namespace {
 
 // A user's schedule, written outside the library: 1F1B with twice the warm-up forwards (more
 // activations held, a stage never waits for its first gradient while it could run forward).
+// snippet-begin: user_schedule
 struct eager_1f1b {
   using policy_category = strata::pipeline_schedule_tag;
   static constexpr std::string_view name = "eager_1f1b";
@@ -49,6 +50,7 @@ struct eager_1f1b {
     return sp::with_transfers(shape, compute);
   }
 };
+// snippet-end: user_schedule
 
 // A wrong one: the last stage runs every forward before its backwards, the others alternate
 // forward and backward from the first micro-batch, so stage 0 waits for a gradient the last
@@ -120,7 +122,9 @@ TEST_CASE("every shipped schedule and a user's pass the conformance suite for p 
   expect_conforms<sp::interleaved_1f1b<3>>();
   expect_conforms<sp::interleaved_1f1b<4>>();
   expect_conforms<sp::zero_bubble_h1>();
-  expect_conforms<eager_1f1b>();
+  // snippet-begin: conformance
+  expect_conforms<eager_1f1b>();  // run_schedule_suite<eager_1f1b>(), every failure listed
+  // snippet-end: conformance
 }
 
 TEST_CASE("the conformance suite catches a schedule that deadlocks") {
