@@ -123,6 +123,7 @@ struct sleeping_passes final : par::stage_passes {
   std::chrono::duration<double> unit{};
   std::vector<float> data = std::vector<float>(64, 0.0f);
   std::size_t input_elements(int) const override { return 1; }
+  std::size_t first_group(int) const override { return 0; }
   std::size_t output_elements(int) const override { return 1; }
   void sleep(double units) const {
     std::this_thread::sleep_for(std::chrono::duration_cast<std::chrono::nanoseconds>(unit * units));
@@ -137,11 +138,12 @@ struct sleeping_passes final : par::stage_passes {
     std::fill(grad.begin(), grad.end(), 0.0f);
     return {.loss_sum = 0.0, .correct = 0, .samples = b.size};
   }
-  std::span<const float> backward(int, std::size_t, std::span<const float>, bool split) override {
+  std::span<const float> backward(int, std::size_t, std::span<const float>, bool split,
+                                  par::bucket_reducer*) override {
     sleep(split ? 1.0 : 2.0);
     return std::span<const float>(data).first(1);
   }
-  void backward_weight(int, std::size_t) override { sleep(1.0); }
+  void backward_weight(int, std::size_t, par::bucket_reducer*) override { sleep(1.0); }
 };
 
 struct schedule_row {

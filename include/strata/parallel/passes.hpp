@@ -21,6 +21,8 @@
 
 namespace strata::parallel {
 
+class bucket_reducer;  // parallel/bucket_reducer.hpp
+
 // Per layer: its cost per sample, its parameter count and, when a probe measured them, the
 // seconds of its forward and backward on one micro-batch (empty: not measured).
 struct model_outline {
@@ -47,6 +49,8 @@ class stage_passes {
   // Floats per sample entering and leaving chunk c.
   virtual std::size_t input_elements(int chunk) const = 0;
   virtual std::size_t output_elements(int chunk) const = 0;
+  // The parameter store's group of chunk c's first layer (the chunks' groups follow each other).
+  virtual std::size_t first_group(int chunk) const = 0;
   // Chunk c forward on `input` (b.size samples); the output stays valid until the slot's next
   // forward. `input` must stay alive until the slot's backward.
   virtual std::span<const float> forward(int chunk, std::size_t slot, std::span<const float> input,
@@ -57,11 +61,16 @@ class stage_passes {
                                   std::span<float> grad) = 0;
   // Chunk c backward from the gradient of its output, adding its parameter gradients (`split`:
   // the input-gradient pass only); returns the gradient of its input, valid until the slot's next
-  // backward (empty when no layer in front has parameters).
+  // backward (empty when no layer in front has parameters). `last`: the step's last pass over
+  // the chunk's gradients, when every chunk after it is complete: each layer is reported to it
+  // as the pass completes its gradients (group_done, in decreasing groups), so that their
+  // buckets leave while the pass goes on; else null.
   virtual std::span<const float> backward(int chunk, std::size_t slot,
-                                          std::span<const float> grad_output, bool split) = 0;
-  // The weight pass a split backward left.
-  virtual void backward_weight(int chunk, std::size_t slot) = 0;
+                                          std::span<const float> grad_output, bool split,
+                                          bucket_reducer* last) = 0;
+  // The weight pass a split backward left (`last` as for backward; reports only the layers
+  // whose weight pass it runs).
+  virtual void backward_weight(int chunk, std::size_t slot, bucket_reducer* last) = 0;
 };
 
 class pass_runner {

@@ -13,13 +13,15 @@
 //       run(mlp, cfg, comm);  // pipeline_parallel_size = 2, pipeline_schedule = "one_f_one_b"
 //
 // Layout: world_size = data x pipeline ranks; rank = stage x data + d, so the ranks of one stage
-// are neighbours (its data-parallel group, which averages that stage's gradients after every
-// step) and each pipeline holds one rank of every stage. With pipeline_parallel_size = 1 ... the
+// are neighbours (its data-parallel group, which averages that stage's gradients in buckets that
+// leave as the step's last backward passes complete them) and each pipeline holds one rank of
+// every stage. With pipeline_parallel_size = 1 ... the
 // layer-wise model parallelism of the seed is this executor with micro_batches = 1.
 //
 // Each loader batch of a step (one per step under batch::fixed) is cut into micro_batches pieces
-// (the last may be smaller). The first stage reads the inputs; every stage runs the same loader,
-// so the last stage has the labels and every stage the sample indices (dropout's streams).
+// (the last may be smaller). Only the first stage reads input samples (reads_inputs); every
+// stage runs the same loader for the batch sizes and sample indices (dropout's streams), and the
+// first stage sends the labels to the last.
 // Messages carry [samples, floats per sample] before the data; a stage that receives another
 // shape than it expects throws, naming both stages.
 //
@@ -62,6 +64,7 @@
 #include "strata/core/memory.hpp"
 #include "strata/model/concepts.hpp"
 #include "strata/model/loss.hpp"
+#include "strata/parallel/bucket_reducer.hpp"
 #include "strata/parallel/concepts.hpp"
 #include "strata/parallel/executor.hpp"
 #include "strata/parallel/passes.hpp"
@@ -143,8 +146,8 @@ struct pipeline {
   // as Schedule names it (a user's schedule, named otherwise, leaves the key unset); none of
   // the data-parallel synchronisation keys.
   static void check_config(const config::train_config& cfg, int world, int rank) {
-    refuse_foreign_keys({.distributed = true, .pipeline = true, .parallel = name}, cfg, world,
-                        rank);
+    refuse_foreign_keys({.distributed = true, .bucketed = true, .pipeline = true, .parallel = name},
+                        cfg, world, rank);
     const auto refuse = [](std::string key, std::string text) {
       throw config_error({.key = std::move(key), .file = {}, .line = 0, .column = 0},
                          std::move(text));
@@ -350,6 +353,7 @@ class pipeline_executor : public local_executor, public pass_runner {
   model::loss_result run_forward(std::span<const micro_batch> batches,
                                  stage_passes& passes) override {
     pieces_.assign(batches.begin(), batches.end());
+    share_labels();
     const auto lists = forward_only(static_cast<int>(pieces_.size()));
     model::loss_result r = replay(lists.ranks[static_cast<std::size_t>(stage_)], passes, false);
     // Every rank reports the last stage's result.
@@ -360,9 +364,30 @@ class pipeline_executor : public local_executor, public pass_runner {
             .samples = static_cast<std::size_t>(sums[2])};
   }
 
+  // With replicas, the stage's gradient buckets (bucket_size_mb), averaged over its data group
+  // as the step's last backward passes complete them (bucket_launch as for data<all_reduce>).
+  // The trainer's own step runner never sees them (null).
+  bucket_reducer* begin_fit() {
+    if (data_ > 1) {
+      const bool blocking = cfg().bucket_launch == config::bucket_launch_kind::blocking ||
+                            (cfg().bucket_launch == config::bucket_launch_kind::automatic &&
+                             !dp_->progresses_nonblocking());
+      reducer_ = bucket_reducer(
+          *dp_, make_buckets(ctx_.compute, static_cast<std::size_t>(cfg().bucket_size_mb) << 20),
+          ctx_.precision.compute, dtype::float32, 0, blocking);
+      buckets_ = true;
+    }
+    return nullptr;
+  }
+
   sync_result synchronize(const sync_args& a) {
     const auto begin = clock::now();
-    if (data_ > 1) {
+    double blocked = 0.0;
+    if (buckets_ && started_) {
+      blocked = reducer_.blocked_seconds();
+      reducer_.finish();
+      started_ = false;
+    } else if (data_ > 1) {
       const std::span<float> g = ctx_.compute.grads();
       dp_->all_reduce(g.data(), g.data(), g.size(), dtype::float32, comm::reduce_op::avg);
     }
@@ -373,7 +398,8 @@ class pipeline_executor : public local_executor, public pass_runner {
       mine.mine = {};
     }
     sync_result r = local_executor::synchronize(mine);
-    r.comm_seconds = std::chrono::duration<double>(clock::now() - begin).count();
+    r.blocked_in_backward = blocked;
+    r.comm_seconds = std::chrono::duration<double>(clock::now() - begin).count() + blocked;
     return r;
   }
 
@@ -609,6 +635,56 @@ class pipeline_executor : public local_executor, public pass_runner {
       msg.data.data()[1] = static_cast<float>(n == 0 ? 0 : data.size() / n);
       std::copy(data.begin(), data.end(), msg.data.data() + 2);
     };
+    // The step's last pass over each chunk's gradients (the last backward, and for a split
+    // backward also the last weight pass): its layers' buckets leave as it completes them.
+    std::vector<std::size_t> last_backward(static_cast<std::size_t>(v), list.size());
+    std::vector<std::size_t> last_weight(static_cast<std::size_t>(v), list.size());
+    for (std::size_t i = 0; i < list.size(); ++i) {
+      const auto c = static_cast<std::size_t>(list[i].chunk);
+      if (list[i].kind == op::backward || list[i].kind == op::backward_input) {
+        last_backward[c] = i;
+      } else if (list[i].kind == op::backward_weight) {
+        last_weight[c] = i;
+      }
+    }
+    // A bucket leaves once every group from its first on is complete (bucket_reducer): chunks
+    // are reported from the last down, each once it and every chunk after it are complete. The
+    // final pass of the highest chunk not yet reported reports its layers as it goes (a whole
+    // backward does, in decreasing groups); a split backward's chunk is reported after its last
+    // weight pass, since its input passes complete the layers without weights first.
+    bucket_reducer* reducer = nullptr;
+    if (training && buckets_) {
+      reducer_.begin(ctx_.compute.grads_to_write());
+      started_ = true;
+      reducer = &reducer_;
+    }
+    std::vector<bool> complete(static_cast<std::size_t>(v), false);
+    int unreported = v - 1;  // the highest chunk not yet reported
+    const auto final_pass = [&](std::size_t index, std::size_t chunk) {
+      return Schedule::splits_backward ? index == last_weight[chunk]
+                                       : index == last_backward[chunk];
+    };
+    // The reducer for pass `index` of `chunk`, when it reports as it goes.
+    const auto reporter = [&](std::size_t index, std::size_t chunk) -> bucket_reducer* {
+      return reducer != nullptr && !Schedule::splits_backward && final_pass(index, chunk) &&
+                     static_cast<int>(chunk) == unreported
+                 ? reducer
+                 : nullptr;
+    };
+    // After pass `index` of `chunk`: report every chunk that may be, from the highest down.
+    const auto reported = [&](std::size_t index, std::size_t chunk, bool as_it_went) {
+      if (reducer == nullptr || !final_pass(index, chunk)) {
+        return;
+      }
+      complete[chunk] = true;
+      if (as_it_went) {
+        --unreported;
+      }
+      while (unreported >= 0 && complete[static_cast<std::size_t>(unreported)]) {
+        reducer->group_done(passes.first_group(unreported));
+        --unreported;
+      }
+    };
     std::vector<strata::pipeline::action> peers(slots * 2);  // who each receive came from
     std::size_t in_flight = 0;
     const auto busy = [&](clock::time_point from, bool counted) {
@@ -616,8 +692,10 @@ class pipeline_executor : public local_executor, public pass_runner {
         timing_.busy += std::chrono::duration<double>(clock::now() - from).count();
       }
     };
-    for (const auto& a : list) {
+    for (std::size_t index = 0; index < list.size(); ++index) {
+      const auto& a = list[index];
       const int s = stage_of(a.chunk);
+      const auto chunk = static_cast<std::size_t>(a.chunk);
       const micro_batch& b =
           a.kind == op::step ? pieces_.front() : pieces_[static_cast<std::size_t>(a.micro)];
       const std::size_t k = a.kind == op::step ? 0 : key(a.chunk, a.micro);
@@ -686,8 +764,11 @@ class pipeline_executor : public local_executor, public pass_runner {
           }
           const bool split = a.kind == op::backward_input;
           const auto pass_begin = clock::now();
-          const std::span<const float> down = passes.backward(a.chunk, slot_of[k], upstream, split);
+          bucket_reducer* live = reporter(index, chunk);
+          const std::span<const float> down =
+              passes.backward(a.chunk, slot_of[k], upstream, split, live);
           busy(pass_begin, training);
+          reported(index, chunk, live != nullptr);
           in_flight -= split ? 0 : 1;
           if (s > 0) {
             stage_message(grad_out[k], down, b.size);
@@ -699,8 +780,9 @@ class pipeline_executor : public local_executor, public pass_runner {
         }
         case op::backward_weight: {
           const auto pass_begin = clock::now();
-          passes.backward_weight(a.chunk, slot_of[k]);
+          passes.backward_weight(a.chunk, slot_of[k], nullptr);
           busy(pass_begin, training);
+          reported(index, chunk, false);
           --in_flight;
           free_slots[static_cast<std::size_t>(a.chunk)].push_back(slot_of[k]);
           break;
@@ -731,6 +813,9 @@ class pipeline_executor : public local_executor, public pass_runner {
   std::vector<std::int32_t> labels_{};  // the last stage's, from the first
   std::map<int, saved_stage> saved_{};
   step_timing timing_{};
+  bucket_reducer reducer_{};
+  bool buckets_ = false;  // begin_fit made the data group's buckets
+  bool started_ = false;  // this step's buckets began
 };
 
 }  // namespace strata::parallel

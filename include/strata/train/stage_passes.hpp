@@ -21,6 +21,7 @@
 #include "strata/model/concepts.hpp"
 #include "strata/model/loss.hpp"
 #include "strata/model/param_store.hpp"
+#include "strata/parallel/bucket_reducer.hpp"
 #include "strata/parallel/passes.hpp"
 
 namespace strata::train::detail {
@@ -118,6 +119,9 @@ class model_stage_passes final : public parallel::stage_passes {
   std::size_t output_elements(int chunk) const override {
     return model_.shapes()[s_.chunks[static_cast<std::size_t>(chunk)].last].elements();
   }
+  std::size_t first_group(int chunk) const override {
+    return first_group_[static_cast<std::size_t>(chunk)];
+  }
 
   std::span<const float> forward(int chunk, std::size_t slot, std::span<const float> input,
                                  const parallel::micro_batch& b, bool training) override {
@@ -140,18 +144,29 @@ class model_stage_passes final : public parallel::stage_passes {
   }
 
   std::span<const float> backward(int chunk, std::size_t slot, std::span<const float> grad_output,
-                                  bool split) override {
+                                  bool split, parallel::bucket_reducer* last) override {
     auto& w = workspace(chunk, slot);
     if (split != s_.split_backward) {
       throw std::logic_error("pipeline stage: a " + std::string(split ? "split" : "whole") +
                              " backward on passes made for the other kind");
     }
-    model_.backward(w, params_, grad_output);
+    if (last != nullptr) {
+      model_.backward(
+          w, params_, grad_output, [last](std::size_t g) { last->group_done(g); },
+          [last](std::size_t g, std::size_t n) { last->part_done(g, n); }, last->part_elements());
+    } else {
+      model_.backward(w, params_, grad_output);
+    }
     return w.grad_input();
   }
 
-  void backward_weight(int chunk, std::size_t slot) override {
-    model_.backward_weight(workspace(chunk, slot), params_);
+  void backward_weight(int chunk, std::size_t slot, parallel::bucket_reducer* last) override {
+    if (last != nullptr) {
+      model_.backward_weight(workspace(chunk, slot), params_,
+                             [last](std::size_t g) { last->group_done(g); });
+    } else {
+      model_.backward_weight(workspace(chunk, slot), params_);
+    }
   }
 
  private:

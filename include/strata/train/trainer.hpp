@@ -227,8 +227,12 @@ class trainer {
   eval_result evaluate(const TestSet& test, const TestTransform& transform) {
     const data::subset<TestSet> view(test, static_cast<std::size_t>(cfg_.max_eval_samples));
     check_input_shape(data::dataset_traits<data::subset<TestSet>>::shape(view), transform, "test");
+    // A rank that reads no input samples (a pipeline's later stage) evaluates without them too.
+    const bool reads = detail::reads_inputs_of(*exec_);
+    const detail::input_reader<data::subset<TestSet>> reader(view, reads);
+    const detail::input_transform<TestTransform> applied(transform, reads);
     data::prefetch_loader loader(
-        view, transform, data::distributed_sampler({.dataset_size = view.size(), .shuffle = false}),
+        reader, applied, data::distributed_sampler({.dataset_size = view.size(), .shuffle = false}),
         loader_settings(true));
     const std::size_t batch = loader.config().batch_size;
     if (parallel::pass_runner* runner = detail::passes_runner_of(*exec_)) {

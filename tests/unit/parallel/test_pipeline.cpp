@@ -351,6 +351,7 @@ struct shaped_passes final : par::stage_passes {
   std::size_t out = 4;
   std::vector<float> data = std::vector<float>(64, 1.0f);
   std::size_t input_elements(int) const override { return in; }
+  std::size_t first_group(int) const override { return 0; }
   std::size_t output_elements(int) const override { return out; }
   std::span<const float> forward(int, std::size_t, std::span<const float>,
                                  const par::micro_batch& b, bool) override {
@@ -361,10 +362,11 @@ struct shaped_passes final : par::stage_passes {
     std::fill(grad.begin(), grad.end(), 0.0f);
     return {.loss_sum = 1.0, .correct = 0, .samples = b.size};
   }
-  std::span<const float> backward(int, std::size_t, std::span<const float>, bool) override {
+  std::span<const float> backward(int, std::size_t, std::span<const float>, bool,
+                                  par::bucket_reducer*) override {
     return std::span<const float>(data).first(2 * in);
   }
-  void backward_weight(int, std::size_t) override {}
+  void backward_weight(int, std::size_t, par::bucket_reducer*) override {}
 };
 
 }  // namespace
@@ -426,14 +428,16 @@ struct counted_blobs {
 
 }  // namespace
 
-TEST_CASE("only the first stage reads training samples; the last gets their labels from it") {
+TEST_CASE("only the first stage reads samples; the last gets their labels from it") {
   auto cfg = base_config("reads");
   cfg.pipeline_parallel_size = 4;
   cfg.world_size = 4;
   cfg.micro_batches = 4;
   cfg.epochs = 1;
   std::vector<std::size_t> reads(4);
+  std::vector<std::size_t> test_reads(4);
   std::vector<double> losses;
+  double accuracy = 0.0;
   // snippet-begin: pipeline
   // pipeline_parallel_size = 4, world_size = 4, micro_batches = 4 (pieces of each batch)
   threads::run(4, [&](threads& comm) {
@@ -443,16 +447,21 @@ TEST_CASE("only the first stage reads training samples; the last gets their labe
     std::vector<double> mine;
     t.on_step([&](const st::step_metrics& m) { mine.push_back(m.loss); });
     const counted_blobs train{.inner = blobs{.n = 600}};
-    t.fit(train, strata::data::identity{}, blobs{.n = 256, .salt = 1}, strata::data::identity{});
+    const counted_blobs test{.inner = blobs{.n = 256, .salt = 1}};
+    const auto summary = t.fit(train, strata::data::identity{}, test, strata::data::identity{});
     reads[static_cast<std::size_t>(comm.rank())] = *train.reads;
+    test_reads[static_cast<std::size_t>(comm.rank())] = *test.reads;
     if (comm.rank() == 0) {
       losses = mine;
+      accuracy = summary.test_accuracy;
     }
   });
   CHECK(reads[0] >= 600);
-  CHECK(reads[1] == 0);
-  CHECK(reads[2] == 0);
-  CHECK(reads[3] == 0);
+  CHECK(test_reads[0] >= 256);
+  for (std::size_t r = 1; r < 4; ++r) {
+    CHECK(reads[r] == 0);
+    CHECK(test_reads[r] == 0);
+  }
   // The labels are right: the same losses as one rank.
   auto one = base_config("reads_one");
   one.epochs = 1;
@@ -461,6 +470,7 @@ TEST_CASE("only the first stage reads training samples; the last gets their labe
   for (std::size_t i = 0; i < losses.size(); ++i) {
     CHECK(losses[i] == doctest::Approx(reference.losses[i]).epsilon(1e-5));
   }
+  CHECK(accuracy == doctest::Approx(reference.test_accuracy).epsilon(1e-6));
 }
 
 namespace {
