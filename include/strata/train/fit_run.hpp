@@ -5,7 +5,8 @@
 // of the training set, the checkpoint store, the progress, the step runner, the learning-rate
 // schedule, the metrics file, and where the run stands. Its constructor sets the run up in the
 // order the log shows it: the compute lines, then the fresh start or the resume; then the batch
-// policy's begin(). The trainer, a friend, reads and advances it epoch by epoch.
+// policy's begin(). The trainer, a friend, reads and advances it epoch by epoch. evaluation is
+// one trainer::evaluate().
 
 #include <algorithm>
 #include <chrono>
@@ -28,6 +29,7 @@
 #include "strata/train/compute.hpp"
 #include "strata/train/metrics.hpp"
 #include "strata/train/progress.hpp"
+#include "strata/train/step_runner.hpp"
 #include "strata/train/trainer_support.hpp"
 
 namespace strata::train {
@@ -206,6 +208,42 @@ struct fit_run {
   std::uint64_t first_batch = 0;  // of the next epoch (a mid-epoch resume)
   double train_seconds = 0.0;     // this run's training time and samples
   std::size_t train_samples = 0;
+};
+
+// One trainer::evaluate(): the test loader over the first max_eval_samples (a rank that reads no
+// input samples, a pipeline's later stage, evaluates without them too), then its batches on this
+// rank's model, or through the executor's stages when it runs the passes. The trainer, a friend,
+// calls run().
+template <class Trainer>
+struct evaluation {
+  template <class TestSet, class TestTransform>
+  static eval_result run(Trainer& t, const TestSet& test, const TestTransform& transform) {
+    const data::subset<TestSet> view(test, static_cast<std::size_t>(t.cfg_.max_eval_samples));
+    t.check_input_shape(data::dataset_traits<data::subset<TestSet>>::shape(view), transform,
+                        "test");
+    const bool reads = detail::reads_inputs_of(*t.exec_);
+    const detail::input_reader<data::subset<TestSet>> reader(view, reads);
+    const detail::input_transform<TestTransform> applied(transform, reads);
+    data::prefetch_loader loader(
+        reader, applied, data::distributed_sampler({.dataset_size = view.size(), .shuffle = false}),
+        t.loader_settings(true));
+    const auto seed = static_cast<std::uint64_t>(t.cfg_.seed);
+    t.cast_to_compute();
+    if (parallel::pass_runner* runner = detail::passes_runner_of(*t.exec_)) {
+      return detail::evaluate_in_stages(t.model_, t.loss_, t.compute_params(), t.layers_, *runner,
+                                        loader, seed, Trainer::compute_dtype);
+    }
+    const std::size_t batch = loader.config().batch_size;
+    if (t.eval_work_.capacity() < batch) {
+      t.eval_work_ = t.model_.make_workspace(batch);
+    }
+    const eval_result out = detail::evaluate_batches(t.model_, t.eval_work_, t.compute_params(),
+                                                     t.loss_, loader, seed, Trainer::compute_dtype);
+    if constexpr (Trainer::batch_policy::frees_evaluation_memory) {
+      t.eval_work_ = {};  // the memory goes back to training
+    }
+    return out;
+  }
 };
 
 }  // namespace strata::train

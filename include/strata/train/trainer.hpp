@@ -225,32 +225,7 @@ class trainer {
   // Loss and accuracy of the current parameters on `test` (the first max_eval_samples).
   template <class TestSet, class TestTransform>
   eval_result evaluate(const TestSet& test, const TestTransform& transform) {
-    const data::subset<TestSet> view(test, static_cast<std::size_t>(cfg_.max_eval_samples));
-    check_input_shape(data::dataset_traits<data::subset<TestSet>>::shape(view), transform, "test");
-    // A rank that reads no input samples (a pipeline's later stage) evaluates without them too.
-    const bool reads = detail::reads_inputs_of(*exec_);
-    const detail::input_reader<data::subset<TestSet>> reader(view, reads);
-    const detail::input_transform<TestTransform> applied(transform, reads);
-    data::prefetch_loader loader(
-        reader, applied, data::distributed_sampler({.dataset_size = view.size(), .shuffle = false}),
-        loader_settings(true));
-    const std::size_t batch = loader.config().batch_size;
-    if (parallel::pass_runner* runner = detail::passes_runner_of(*exec_)) {
-      cast_to_compute();
-      return detail::evaluate_in_stages(model_, loss_, compute_params(), layers_, *runner, loader,
-                                        static_cast<std::uint64_t>(cfg_.seed), compute_dtype);
-    }
-    if (eval_work_.capacity() < batch) {
-      eval_work_ = model_.make_workspace(batch);
-    }
-    cast_to_compute();
-    const eval_result out =
-        detail::evaluate_batches(model_, eval_work_, compute_params(), loss_, loader,
-                                 static_cast<std::uint64_t>(cfg_.seed), compute_dtype);
-    if constexpr (batch_policy::frees_evaluation_memory) {
-      eval_work_ = typename Model::workspace_type{};  // the memory goes back to training
-    }
-    return out;
+    return evaluation<trainer>::run(*this, test, transform);
   }
 
  private:
@@ -286,6 +261,8 @@ class trainer {
   using runner_type = step_runner<Model, loss_type, batch_policy, precision_policy>;
   template <class, class, class>
   friend struct fit_run;  // sets one fit() up (train/fit_run.hpp)
+  template <class>
+  friend struct evaluation;  // one evaluate() (train/fit_run.hpp)
 
   typename runner_type::parts runner_parts() {
     return {.model = model_,
