@@ -1,14 +1,15 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
-// layer_norm: normalises each sample over all of its elements,
+// layer_norm: normalises each sample over all of its elements (or, when the sample has rows of
+// `features` elements, a transformer's tokens, each row on its own),
 //   y = (x - mean) * rstd * weight + bias,   rstd = 1 / sqrt(var + eps),
 // with the biased variance (divided by features); weight and bias are per element (affine only).
 // Sums are accumulated in double.
 //
-// Saved state: per sample, its mean and rstd, interleaved: workspace[2 b] = mean of sample b,
-// workspace[2 b + 1] = its rstd (2 x batch floats). backward recomputes the normalised input
-// from args.input and these.
+// Saved state: per sample (per row), its mean and rstd, interleaved: workspace[2 b] = mean of
+// row b, workspace[2 b + 1] = its rstd (2 x batch x rows floats). backward recomputes the
+// normalised input from args.input and these.
 
 #include <charconv>
 #include <cmath>
@@ -49,7 +50,7 @@ inline std::string layer_norm_format(float value) {
 struct layer_norm {
   using layer_category = layer_tag;
 
-  std::size_t features = 0;  // must equal the input's elements(); at least 1
+  std::size_t features = 0;  // the input's elements(), or its width; at least 1
   float eps = 1e-5f;         // added to the variance; finite and > 0
   bool affine = true;        // learn a per-element scale and shift
 
@@ -60,11 +61,17 @@ struct layer_norm {
     if (!(std::isfinite(eps) && eps > 0.0f)) {
       detail::layer_norm_throw("eps must be finite and > 0, got " + detail::layer_norm_format(eps));
     }
-    if (in.elements() != features) {
+    if (in.elements() != features && in.width != features) {
       detail::layer_norm_throw("input " + to_string(in) + " has " + std::to_string(in.elements()) +
-                               " elements, features is " + std::to_string(features));
+                               " elements and width " + std::to_string(in.width) +
+                               ", features is " + std::to_string(features));
     }
     return in;
+  }
+
+  // The rows of `features` elements normalised apart in a sample of shape `in`.
+  std::size_t rows_of(const sample_shape& in) const {
+    return in.width == features && in.elements() != features ? in.channels * in.height : 1;
   }
 
   std::vector<param_spec> parameters(const sample_shape& in) const {
@@ -90,7 +97,7 @@ struct layer_norm {
 
   std::size_t workspace_elements(const sample_shape& in, std::size_t batch) const {
     output_shape(in);
-    return 2 * batch;
+    return 2 * batch * rows_of(in);
   }
 
   // Per sample of n elements: forward 6 n flops (mean 1, variance 3, normalise 2) plus 2 n for
@@ -99,20 +106,21 @@ struct layer_norm {
     const auto n = static_cast<double>(output_shape(in).elements());
     return {.forward_flops = (affine ? 8.0 : 6.0) * n,
             .backward_flops = (affine ? 14.0 : 10.0) * n,
-            .activation_bytes = (features + 2) * sizeof(float)};
+            .activation_bytes = (features + 2) * rows_of(in) * sizeof(float)};
   }
 
   void forward(const forward_args& args) const {
     check_shapes(args.in_shape, args.out_shape);
     const std::size_t n = features;
-    detail::layer_norm_check_span("input", args.input.size(), args.batch * n);
-    detail::layer_norm_check_span("output", args.output.size(), args.batch * n);
+    const std::size_t units = args.batch * rows_of(args.in_shape);  // rows normalised apart
+    detail::layer_norm_check_span("input", args.input.size(), units * n);
+    detail::layer_norm_check_span("output", args.output.size(), units * n);
     detail::layer_norm_check_span("params", args.params.size(), affine ? 2 * n : 0);
-    detail::layer_norm_check_span("workspace", args.workspace.size(), 2 * args.batch);
+    detail::layer_norm_check_span("workspace", args.workspace.size(), 2 * units);
 
     const float* weight = args.params.data();
     const float* shift = affine ? args.params.data() + n : nullptr;
-    for (std::size_t b = 0; b < args.batch; ++b) {
+    for (std::size_t b = 0; b < units; ++b) {
       const float* x = args.input.data() + b * n;
       float* y = args.output.data() + b * n;
       double sum = 0.0;
@@ -143,19 +151,20 @@ struct layer_norm {
     check_shapes(args.in_shape, args.out_shape);
     const std::size_t n = features;
     const bool want_input = !args.grad_input.empty();
-    detail::layer_norm_check_span("input", args.input.size(), args.batch * n);
-    detail::layer_norm_check_span("grad_output", args.grad_output.size(), args.batch * n);
+    const std::size_t units = args.batch * rows_of(args.in_shape);
+    detail::layer_norm_check_span("input", args.input.size(), units * n);
+    detail::layer_norm_check_span("grad_output", args.grad_output.size(), units * n);
     detail::layer_norm_check_span("params", args.params.size(), affine ? 2 * n : 0);
     detail::layer_norm_check_span("grads", args.grads.size(), affine ? 2 * n : 0);
-    detail::layer_norm_check_span("workspace", args.workspace.size(), 2 * args.batch);
+    detail::layer_norm_check_span("workspace", args.workspace.size(), 2 * units);
     if (want_input) {
-      detail::layer_norm_check_span("grad_input", args.grad_input.size(), args.batch * n);
+      detail::layer_norm_check_span("grad_input", args.grad_input.size(), units * n);
     }
 
     const float* weight = args.params.data();
     float* grad_weight = args.grads.data();
     float* grad_bias = affine ? args.grads.data() + n : nullptr;
-    for (std::size_t b = 0; b < args.batch; ++b) {
+    for (std::size_t b = 0; b < units; ++b) {
       const float* x = args.input.data() + b * n;
       const float* dy = args.grad_output.data() + b * n;
       const double mean = args.workspace[2 * b];

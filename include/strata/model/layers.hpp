@@ -4,6 +4,7 @@
 // Every built-in layer of the model family, and the loss.
 
 #include "strata/model/activations.hpp"
+#include "strata/model/attention.hpp"
 #include "strata/model/blas.hpp"
 #include "strata/model/concepts.hpp"
 #include "strata/model/conv2d.hpp"
@@ -12,4 +13,7 @@
 #include "strata/model/layer_norm.hpp"
 #include "strata/model/linear.hpp"
 #include "strata/model/max_pool2d.hpp"
+#include "strata/model/patch_embedding.hpp"
+#include "strata/model/residual.hpp"
 #include "strata/model/softmax_cross_entropy.hpp"
+#include "strata/model/token_mean.hpp"

@@ -6,7 +6,9 @@
 //   strata::model::linear{.in = 784, .out = 128}
 //
 // The input may have any channels x height x width whose elements() is `in` (it is read as a
-// flat vector, so a flatten in front is optional); the output is 1 x 1 x out. Parameters, in
+// flat vector, so a flatten in front is optional); the output is 1 x 1 x out. An input whose
+// width is `in` and which has more rows (channels x height: a transformer's tokens) is mapped
+// row by row with the same weights: the output is channels x height x out. Parameters, in
 // this order: "weight", out x in, row-major (row o holds the weights of output o), then, with
 // .bias, "bias", 1 x out. The products go through model::gemm (gemm.hpp: oneDNN, OpenBLAS
 // or Eigen); the bias joins the forward product in one pass where the provider can (gemm_bias:
@@ -51,12 +53,16 @@ struct linear {
     if (out == 0) {
       throw std::invalid_argument("linear: out must be at least 1, got 0");
     }
-    if (input.elements() != in) {
-      throw std::invalid_argument("linear: input shape " + to_string(input) + " has " +
-                                  std::to_string(input.elements()) +
-                                  " elements, expected in = " + std::to_string(in));
+    if (input.elements() == in) {
+      return sample_shape{.channels = 1, .height = 1, .width = out};
     }
-    return sample_shape{.channels = 1, .height = 1, .width = out};
+    if (input.width == in) {  // row by row
+      return sample_shape{.channels = input.channels, .height = input.height, .width = out};
+    }
+    throw std::invalid_argument(
+        "linear: input shape " + to_string(input) + " has " + std::to_string(input.elements()) +
+        " elements and width " + std::to_string(input.width) +
+        ", expected in = " + std::to_string(in) + " elements or a width of in");
   }
 
   std::vector<param_spec> parameters(const sample_shape&) const {
@@ -80,30 +86,38 @@ struct linear {
     return specs;
   }
 
-  // Per sample: a multiply and an add per weight forward; dx and dW each as much backward.
-  layer_cost cost(const sample_shape&) const {
+  // Per sample and row: a multiply and an add per weight forward; dx and dW each as much
+  // backward.
+  layer_cost cost(const sample_shape& input) const {
+    const auto r = static_cast<double>(rows_of(input));
     const auto weights = static_cast<double>(in) * static_cast<double>(out);
-    return {.forward_flops = 2.0 * weights,
-            .backward_flops = 4.0 * weights,
-            .activation_bytes = out * sizeof(float)};
+    return {.forward_flops = 2.0 * weights * r,
+            .backward_flops = 4.0 * weights * r,
+            .activation_bytes = rows_of(input) * out * sizeof(float)};
+  }
+
+  // The rows a sample of shape `input` is mapped as: channels x height for rows of width `in`,
+  // else 1 (a flat vector of `in` elements).
+  std::size_t rows_of(const sample_shape& input) const {
+    return input.width == in && input.elements() != in ? input.channels * input.height : 1;
   }
 
   void forward(const forward_args& args) const {
-    assert(args.input.size() == args.batch * in && "linear: input must hold batch x in floats");
-    assert(args.output.size() == args.batch * out && "linear: output must hold batch x out floats");
+    const std::size_t n = args.batch * rows_of(args.in_shape);  // rows of the product
+    assert(args.input.size() == n * in && "linear: input must hold batch x in floats");
+    assert(args.output.size() == n * out && "linear: output must hold batch x out floats");
     assert(args.params.size() == parameter_elements() && "linear: params size mismatch");
-    if (args.batch == 0) {
+    if (n == 0) {
       return;
     }
     // y = x W^T (+ b, in the same pass where the provider can: gemm_bias).
     const bool bf16 = args.storage == dtype::bfloat16;
     if (bias) {
-      gemm_bias({.transpose_b = true, .bfloat16_inputs = bf16}, args.batch, out, in,
-                args.input.data(), in, args.params.data(), in, args.params.data() + out * in,
-                args.output.data(), out);
+      gemm_bias({.transpose_b = true, .bfloat16_inputs = bf16}, n, out, in, args.input.data(), in,
+                args.params.data(), in, args.params.data() + out * in, args.output.data(), out);
     } else {
-      gemm({.transpose_b = true, .bfloat16_inputs = bf16}, args.batch, out, in, 1.0f,
-           args.input.data(), in, args.params.data(), in, 0.0f, args.output.data(), out);
+      gemm({.transpose_b = true, .bfloat16_inputs = bf16}, n, out, in, 1.0f, args.input.data(), in,
+           args.params.data(), in, 0.0f, args.output.data(), out);
     }
   }
 
@@ -114,12 +128,13 @@ struct linear {
 
   // The weight and bias gradients of backward.
   void backward_weight(const backward_args& args) const {
-    assert(args.input.size() == args.batch * in && "linear: input must hold batch x in floats");
-    assert(args.grad_output.size() == args.batch * out &&
+    const std::size_t n = args.batch * rows_of(args.in_shape);
+    assert(args.input.size() == n * in && "linear: input must hold batch x in floats");
+    assert(args.grad_output.size() == n * out &&
            "linear: grad_output must hold batch x out floats");
     assert(args.params.size() == parameter_elements() && "linear: params size mismatch");
     assert(args.grads.size() == parameter_elements() && "linear: grads size mismatch");
-    if (args.batch == 0) {
+    if (n == 0) {
       if (args.write_grads) {  // requirement 8: every element written, here the zero sum
         std::fill(args.grads.begin(), args.grads.end(), 0.0f);
       }
@@ -138,18 +153,18 @@ struct linear {
       // so that a wide input does not turn the product into one matrix-vector pass per row.
       const std::size_t part = std::max((chunk + in - 1) / in, min_part_rows);
       for (std::size_t r = 0; r < out; r += part) {
-        const std::size_t n = std::min(part, out - r);
         // dW[r:r+n] += dy[:, r:r+n]^T x
-        gemm({.transpose_a = true, .bfloat16_inputs = bf16}, n, in, args.batch, 1.0f, dy + r, out,
-             x, in, dw_beta, dw + r * in, in);
-        args.progress((r + n) * in);
+        const std::size_t k = std::min(part, out - r);
+        gemm({.transpose_a = true, .bfloat16_inputs = bf16}, k, in, n, 1.0f, dy + r, out, x, in,
+             dw_beta, dw + r * in, in);
+        args.progress((r + k) * in);
       }
     } else {
-      gemm({.transpose_a = true, .bfloat16_inputs = bf16}, out, in, args.batch, 1.0f, dy, out, x,
-           in, dw_beta, dw, in);
+      gemm({.transpose_a = true, .bfloat16_inputs = bf16}, out, in, n, 1.0f, dy, out, x, in,
+           dw_beta, dw, in);
     }
     if (bias) {
-      const const_matrix dy_rows(dy, rows(args.batch), cols(out));
+      const const_matrix dy_rows(dy, rows(n), cols(out));
       row db(args.grads.data() + out * in, cols(out));
       if (args.write_grads) {
         db = dy_rows.colwise().sum();
@@ -161,15 +176,16 @@ struct linear {
 
   // The input gradient of backward: dx = dy W (nothing when args.grad_input is empty).
   void backward_input(const backward_args& args) const {
-    assert(args.grad_output.size() == args.batch * out &&
+    const std::size_t n = args.batch * rows_of(args.in_shape);
+    assert(args.grad_output.size() == n * out &&
            "linear: grad_output must hold batch x out floats");
-    assert((args.grad_input.empty() || args.grad_input.size() == args.batch * in) &&
+    assert((args.grad_input.empty() || args.grad_input.size() == n * in) &&
            "linear: grad_input must be empty or hold batch x in floats");
-    if (args.batch == 0 || args.grad_input.empty()) {
+    if (n == 0 || args.grad_input.empty()) {
       return;
     }
     const bool bf16 = args.storage == dtype::bfloat16;
-    gemm({.bfloat16_inputs = bf16}, args.batch, in, out, 1.0f, args.grad_output.data(), out,
+    gemm({.bfloat16_inputs = bf16}, n, in, out, 1.0f, args.grad_output.data(), out,
          args.params.data(), in, 0.0f, args.grad_input.data(), in);
   }
 
