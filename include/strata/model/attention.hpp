@@ -127,9 +127,9 @@ struct self_attention {
                                   std::to_string(heads) + ")");
     }
     if (in.width != dim) {
-      throw std::invalid_argument("self_attention: input " + to_string(in) + " has width " +
-                                  std::to_string(in.width) + ", expected dim = " +
-                                  std::to_string(dim) + " features per token");
+      throw std::invalid_argument(
+          "self_attention: input " + to_string(in) + " has width " + std::to_string(in.width) +
+          ", expected dim = " + std::to_string(dim) + " features per token");
     }
     return in;
   }
@@ -154,7 +154,7 @@ struct self_attention {
                         .fan_out = dim,
                         .weight_decay = false};
     };
-    return {matrix("q_weight"), matrix("k_weight"), matrix("v_weight"), vector("q_bias"),
+    return {matrix("q_weight"), matrix("k_weight"), matrix("v_weight"),   vector("q_bias"),
             vector("k_bias"),   vector("v_bias"),   matrix("out_weight"), vector("out_bias")};
   }
 
@@ -171,10 +171,10 @@ struct self_attention {
     const auto t = static_cast<double>(in.channels * in.height);
     const auto d = static_cast<double>(dim);
     const double forward = 8.0 * t * d * d + 4.0 * t * t * d;
-    return {.forward_flops = forward,
-            .backward_flops = 2.0 * forward,
-            .activation_bytes = static_cast<std::size_t>(t * 5.0 * d + heads * t * t) *
-                                sizeof(float)};
+    return {
+        .forward_flops = forward,
+        .backward_flops = 2.0 * forward,
+        .activation_bytes = static_cast<std::size_t>(t * 5.0 * d + heads * t * t) * sizeof(float)};
   }
 
   void forward(const forward_args& args) const {

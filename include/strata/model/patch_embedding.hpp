@@ -170,7 +170,8 @@ struct patch_embedding {
         std::size_t v = (b * t + token) * k;
         for (std::size_t c = 0; c < in.channels; ++c) {
           for (std::size_t dy = 0; dy < patch; ++dy) {
-            const std::size_t pixel = b * in.elements() + c * in.plane() + (y0 + dy) * in.width + x0;
+            const std::size_t pixel =
+                b * in.elements() + c * in.plane() + (y0 + dy) * in.width + x0;
             for (std::size_t dx = 0; dx < patch; ++dx, ++v) {
               if constexpr (ToPatches) {
                 to[v] = from[pixel + dx];
@@ -183,7 +184,8 @@ struct patch_embedding {
       }
     }
   }
-  void gather(const sample_shape& in, std::size_t batch, const float* pixels, float* vectors) const {
+  void gather(const sample_shape& in, std::size_t batch, const float* pixels,
+              float* vectors) const {
     walk<true>(in, batch, pixels, vectors);
   }
   void scatter(const sample_shape& in, std::size_t batch, const float* vectors,

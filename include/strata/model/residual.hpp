@@ -150,13 +150,15 @@ struct residual {
   void each(F&& f) const {
     [&]<std::size_t... I>(std::index_sequence<I...>) {
       (f.template operator()<I>(std::get<I>(layers)), ...);
-    }(std::make_index_sequence<count>{});
+    }
+    (std::make_index_sequence<count>{});
   }
   template <class F>
   void each_reversed(F&& f) const {
     [&]<std::size_t... I>(std::index_sequence<I...>) {
       (f.template operator()<count - 1 - I>(std::get<count - 1 - I>(layers)), ...);
-    }(std::make_index_sequence<count>{});
+    }
+    (std::make_index_sequence<count>{});
   }
 
   std::array<sample_shape, count + 1> shapes(const sample_shape& in) const {

@@ -84,7 +84,9 @@ struct token_mean {
   }
 };
 
-inline std::string to_string(const token_mean&) { return "token_mean{}"; }
+inline std::string to_string(const token_mean&) {
+  return "token_mean{}";
+}
 
 static_assert(check_layer<token_mean>());
 

@@ -148,8 +148,9 @@ TEST_CASE("patch_embedding: tokens in row-major patch order, central differences
 
   for (const bool positions : {false, true}) {
     CAPTURE(positions);
-    const auto r = check_gradients(sm::patch_embedding{.patch = 2, .dim = 3, .positions = positions},
-                                   {.batch = 2, .in_shape = image});
+    const auto r =
+        check_gradients(sm::patch_embedding{.patch = 2, .dim = 3, .positions = positions},
+                        {.batch = 2, .in_shape = image});
     CHECK_MESSAGE(r.passed(), r.report());
   }
 }
@@ -237,15 +238,15 @@ TEST_CASE("self_attention: a direct computation, central differences, shapes") {
 
   const auto r = check_gradients(attn, {.batch = 2, .in_shape = in, .param_range = 0.5f});
   CHECK_MESSAGE(r.passed(), r.report());
-  const auto one_head =
-      check_gradients(sm::self_attention{.dim = 6, .heads = 1}, {.batch = 1, .in_shape = tokens(3, 6)});
+  const auto one_head = check_gradients(sm::self_attention{.dim = 6, .heads = 1},
+                                        {.batch = 1, .in_shape = tokens(3, 6)});
   CHECK_MESSAGE(one_head.passed(), one_head.report());
 }
 
 TEST_CASE("residual: y = x + f(x), inner parameters by name, central differences") {
   const sample_shape in = tokens(3, 6);
-  const sm::residual block{sm::layer_norm{.features = 6}, sm::linear{.in = 6, .out = 4},
-                           sm::gelu{}, sm::linear{.in = 4, .out = 6}};
+  const sm::residual block{sm::layer_norm{.features = 6}, sm::linear{.in = 6, .out = 4}, sm::gelu{},
+                           sm::linear{.in = 4, .out = 6}};
   CHECK(block.output_shape(in) == in);
   const auto specs = block.parameters(in);
   REQUIRE(specs.size() == 6);
