@@ -18,9 +18,14 @@
 // their biases one vector, so Q, K and V come from one product. The projections go through
 // model::gemm; the per-head products (tokens x tokens, small) are Eigen's.
 //
+// Tensor-parallel (requirement 10 of model/concepts.hpp): rank r of a group of p runs heads
+// [r heads / p, (r + 1) heads / p): it holds those rows of the Q, K and V weights and biases and
+// those columns of the output weight (the output bias whole), and all-reduces the output
+// projection's partial sums forward and the input gradient's backward: one reduction each way.
+//
 // Saved state per sample: Q, K, V (tokens x 3 dim), the attention weights (heads x tokens^2),
 // the heads' outputs (tokens x dim); and scratch for backward (tokens x 4 dim per sample, one
-// tokens^2 block).
+// tokens^2 block); under tensor parallelism, of this rank's heads only.
 
 #include <Eigen/Core>
 #include <algorithm>
@@ -136,33 +141,42 @@ struct self_attention {
 
   std::vector<param_spec> parameters(const sample_shape& in) const {
     output_shape(in);
-    const auto matrix = [&](const char* name) {
+    // Requirement 10: a tensor-parallel group splits the heads: the Q, K and V projections by
+    // rows (their outputs), the output projection by columns (its inputs).
+    const auto matrix = [&](const char* name, tensor_split split) {
       return param_spec{.name = name,
                         .rows = dim,
                         .cols = dim,
                         .init = init_kind::xavier_uniform,
                         .fan_in = dim,
                         .fan_out = dim,
-                        .weight_decay = true};
+                        .weight_decay = true,
+                        .split = split};
     };
-    const auto vector = [&](const char* name) {
+    const auto vector = [&](const char* name, tensor_split split) {
       return param_spec{.name = name,
                         .rows = 1,
                         .cols = dim,
                         .init = init_kind::zeros,
                         .fan_in = dim,
                         .fan_out = dim,
-                        .weight_decay = false};
+                        .weight_decay = false,
+                        .split = split};
     };
-    return {matrix("q_weight"), matrix("k_weight"), matrix("v_weight"),   vector("q_bias"),
-            vector("k_bias"),   vector("v_bias"),   matrix("out_weight"), vector("out_bias")};
+    using enum tensor_split;
+    return {matrix("q_weight", rows),   matrix("k_weight", rows), matrix("v_weight", rows),
+            vector("q_bias", cols),     vector("k_bias", cols),   vector("v_bias", cols),
+            matrix("out_weight", cols), vector("out_bias", none)};
   }
 
-  std::size_t workspace_elements(const sample_shape& in, std::size_t batch) const {
+  // Per tensor-parallel rank: Q | K | V, weights and outputs of its heads, their gradients, and
+  // one tokens^2 block.
+  std::size_t workspace_elements(const sample_shape& in, std::size_t batch,
+                                 const tensor_place& place) const {
     output_shape(in);
     const std::size_t t = in.channels * in.height;
-    // Q | K | V, weights, heads' outputs; their gradients (3 dim + dim); one tokens^2 block.
-    return batch * (8 * t * dim + heads * t * t) + t * t;
+    const std::size_t e = local_width(place);
+    return batch * (8 * t * e + heads / place.size * t * t) + t * t;
   }
 
   // Per sample: the four projections (8 dim^2 flops per token) and the heads' two products
@@ -177,61 +191,83 @@ struct self_attention {
         .activation_bytes = static_cast<std::size_t>(t * 5.0 * d + heads * t * t) * sizeof(float)};
   }
 
+  // Under a tensor-parallel group of p, a rank runs heads / p heads (e = dim / p features) and
+  // its output projection gives a partial sum, all-reduced over the group before the bias.
   void forward(const forward_args& args) const {
     const std::size_t t = args.in_shape.channels * args.in_shape.height;
     const std::size_t n = args.batch * t;
+    const tensor_place place = args.tensor.place;
+    const std::size_t e = local_width(place);
     check(args.input.size(), n * dim, "input");
     check(args.output.size(), n * dim, "output");
-    check(args.workspace.size(), workspace_elements(args.in_shape, args.batch), "workspace");
+    check(args.params.size(), local_parameters(place), "params");
+    check(args.workspace.size(), workspace_elements(args.in_shape, args.batch, place), "workspace");
     if (n == 0) {
       return;
     }
-    const parts w = layout(t, args.batch, args.workspace.data());
+    const parts w = layout(t, args.batch, e, place, args.workspace.data());
     const float* p = args.params.data();
     const bool bf16 = args.storage == dtype::bfloat16;
     // Q | K | V of every token in one product.
-    gemm_bias({.transpose_b = true, .bfloat16_inputs = bf16}, n, 3 * dim, dim, args.input.data(),
-              dim, p, dim, p + 3 * dim * dim, w.qkv, 3 * dim);
-    const detail::attention_heads h{.tokens = t, .heads = heads, .head_dim = dim / heads};
+    gemm_bias({.transpose_b = true, .bfloat16_inputs = bf16}, n, 3 * e, dim, args.input.data(), dim,
+              p, dim, p + 3 * e * dim, w.qkv, 3 * e);
+    const detail::attention_heads h{
+        .tokens = t, .heads = heads / place.size, .head_dim = dim / heads};
     for (std::size_t b = 0; b < args.batch; ++b) {
-      h.forward(w.qkv + b * t * 3 * dim, w.probs + b * heads * t * t, w.heads + b * t * dim);
+      h.forward(w.qkv + b * t * 3 * e, w.probs + b * h.heads * t * t, w.heads + b * t * e);
     }
-    const float* wo = p + 3 * dim * dim + 3 * dim;
-    gemm_bias({.transpose_b = true, .bfloat16_inputs = bf16}, n, dim, dim, w.heads, dim, wo, dim,
-              wo + dim * dim, args.output.data(), dim);
+    const float* wo = p + 3 * e * dim + 3 * e;
+    const float* bo = wo + dim * e;
+    if (place.size == 1) {
+      gemm_bias({.transpose_b = true, .bfloat16_inputs = bf16}, n, dim, e, w.heads, e, wo, e, bo,
+                args.output.data(), dim);
+      return;
+    }
+    gemm({.transpose_b = true, .bfloat16_inputs = bf16}, n, dim, e, 1.0f, w.heads, e, wo, e, 0.0f,
+         args.output.data(), dim);
+    args.tensor.all_reduce_sum(args.output);
+    for (std::size_t r = 0; r < n; ++r) {
+      for (std::size_t c = 0; c < dim; ++c) {
+        args.output[r * dim + c] += bo[c];
+      }
+    }
   }
 
   void backward(const backward_args& args) const {
     const std::size_t t = args.in_shape.channels * args.in_shape.height;
     const std::size_t n = args.batch * t;
+    const tensor_place place = args.tensor.place;
+    const std::size_t e = local_width(place);
     check(args.grad_output.size(), n * dim, "grad_output");
-    check(args.grads.size(), 4 * dim * dim + 4 * dim, "grads");
+    check(args.grads.size(), local_parameters(place), "grads");
     if (n == 0) {
       return;
     }
-    const parts w = layout(t, args.batch, args.workspace.data());
+    const parts w = layout(t, args.batch, e, place, args.workspace.data());
     const float* p = args.params.data();
-    const float* wo = p + 3 * dim * dim + 3 * dim;
+    const float* wo = p + 3 * e * dim + 3 * e;
     float* g = args.grads.data();
-    float* g_wo = g + 3 * dim * dim + 3 * dim;
+    float* g_wo = g + 3 * e * dim + 3 * e;
     const float* dy = args.grad_output.data();
-    // The output projection: dWo += dY^T heads, dbo += column sums, d heads = dY Wo.
-    gemm({.transpose_a = true}, dim, dim, n, 1.0f, dy, dim, w.heads, dim, 1.0f, g_wo, dim);
-    add_column_sums(dy, n, dim, g_wo + dim * dim);
-    gemm({}, n, dim, dim, 1.0f, dy, dim, wo, dim, 0.0f, w.grad_heads, dim);
-    const detail::attention_heads h{.tokens = t, .heads = heads, .head_dim = dim / heads};
+    // The output projection (dim x e): dWo += dY^T heads, dbo += column sums, d heads = dY Wo.
+    gemm({.transpose_a = true}, dim, e, n, 1.0f, dy, dim, w.heads, e, 1.0f, g_wo, e);
+    add_column_sums(dy, n, dim, g_wo + dim * e);
+    gemm({}, n, e, dim, 1.0f, dy, dim, wo, e, 0.0f, w.grad_heads, e);
+    const detail::attention_heads h{
+        .tokens = t, .heads = heads / place.size, .head_dim = dim / heads};
     for (std::size_t b = 0; b < args.batch; ++b) {
-      h.backward(w.qkv + b * t * 3 * dim, w.probs + b * heads * t * t, w.grad_heads + b * t * dim,
-                 w.grad_qkv + b * t * 3 * dim, w.scratch);
+      h.backward(w.qkv + b * t * 3 * e, w.probs + b * h.heads * t * t, w.grad_heads + b * t * e,
+                 w.grad_qkv + b * t * 3 * e, w.scratch);
     }
-    // The projections: dW += dQKV^T X, db += column sums, dX = dQKV W.
-    gemm({.transpose_a = true}, 3 * dim, dim, n, 1.0f, w.grad_qkv, 3 * dim, args.input.data(), dim,
+    // The projections (3 e x dim): dW += dQKV^T X, db += column sums, dX = dQKV W, summed over
+    // the group's heads.
+    gemm({.transpose_a = true}, 3 * e, dim, n, 1.0f, w.grad_qkv, 3 * e, args.input.data(), dim,
          1.0f, g, dim);
-    add_column_sums(w.grad_qkv, n, 3 * dim, g + 3 * dim * dim);
+    add_column_sums(w.grad_qkv, n, 3 * e, g + 3 * e * dim);
     if (!args.grad_input.empty()) {
       check(args.grad_input.size(), n * dim, "grad_input");
-      gemm({}, n, dim, 3 * dim, 1.0f, w.grad_qkv, 3 * dim, p, dim, 0.0f, args.grad_input.data(),
-           dim);
+      gemm({}, n, dim, 3 * e, 1.0f, w.grad_qkv, 3 * e, p, dim, 0.0f, args.grad_input.data(), dim);
+      args.tensor.all_reduce_sum(args.grad_input);
     }
   }
 
@@ -247,14 +283,30 @@ struct self_attention {
     float* scratch;
   };
 
-  parts layout(std::size_t t, std::size_t batch, float* w) const {
+  // Features of the heads one rank of a tensor-parallel group runs; the group's size must
+  // divide heads.
+  std::size_t local_width(const tensor_place& place) const {
+    if (place.size == 0 || heads % place.size != 0) {
+      throw std::invalid_argument(
+          "self_attention: " + std::to_string(heads) +
+          " heads do not split over tensor_parallel_size = " + std::to_string(place.size));
+    }
+    return dim / place.size;
+  }
+  std::size_t local_parameters(const tensor_place& place) const {
+    const std::size_t e = local_width(place);
+    return 3 * e * dim + 3 * e + dim * e + dim;
+  }
+
+  parts layout(std::size_t t, std::size_t batch, std::size_t e, const tensor_place& place,
+               float* w) const {
     parts out{};
     out.qkv = w;
-    out.probs = out.qkv + batch * t * 3 * dim;
-    out.heads = out.probs + batch * heads * t * t;
-    out.grad_heads = out.heads + batch * t * dim;
-    out.grad_qkv = out.grad_heads + batch * t * dim;
-    out.scratch = out.grad_qkv + batch * t * 3 * dim;
+    out.probs = out.qkv + batch * t * 3 * e;
+    out.heads = out.probs + batch * (heads / place.size) * t * t;
+    out.grad_heads = out.heads + batch * t * e;
+    out.grad_qkv = out.grad_heads + batch * t * e;
+    out.scratch = out.grad_qkv + batch * t * 3 * e;
     return out;
   }
 

@@ -40,6 +40,14 @@
 //      each exactly as backward would. backward_weight comes after backward_input with the same
 //      input and grad_output. Default: false, and the container runs the whole backward where
 //      the input-gradient pass goes (a layer without parameters needs nothing more).
+//  10. run tensor-parallel: a parameter whose param_spec::split is rows or cols is held in
+//      slices by the ranks of a tensor-parallel group (rank r of p: rows, or columns,
+//      [r n / p, (r + 1) n / p)); args.params and args.grads then hold this rank's slices
+//      (local_spec), and args.tensor says the rank's place and reaches the group (all-reduce,
+//      all-gather). The layer's input and output are whole on every rank of the group; what it
+//      keeps between them may depend on the place: `l.workspace_elements(in, batch, place)`
+//      taking a tensor_place is used where declared. Parameters with split none are held whole
+//      by every rank of the group, which compute them alike.
 //
 // Tier 2: a type that cannot be changed takes part by specializing enable_layer to true and
 // layer_traits to adapt it; containers reach every layer only through layer_traits.
@@ -60,10 +68,12 @@
 //      with chunk), so that data parallelism can start communicating early;
 //   5. estimate its cost: `m.costs()` returns one layer_cost per layer.
 
+#include <algorithm>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -108,6 +118,63 @@ inline std::string to_string(init_kind k) {
   return "?";
 }
 
+// How a tensor-parallel group divides a parameter (requirement 10).
+enum class tensor_split : std::uint8_t {
+  none,  // every rank holds it whole
+  rows,  // rank r of p holds rows [r rows / p, (r + 1) rows / p)
+  cols,  // ... or those columns
+};
+
+inline std::string to_string(tensor_split s) {
+  switch (s) {
+    case tensor_split::none:
+      return "none";
+    case tensor_split::rows:
+      return "rows";
+    case tensor_split::cols:
+      return "cols";
+  }
+  return "?";
+}
+
+// A rank's place in its tensor-parallel group.
+struct tensor_place {
+  std::size_t rank = 0;
+  std::size_t size = 1;
+
+  friend constexpr bool operator==(const tensor_place&, const tensor_place&) = default;
+};
+
+// What a layer reaches its tensor-parallel group through (parallel/tensor.hpp adapts any comm
+// backend). Collective: every rank of the group calls it in the same order.
+class tensor_comm {
+ public:
+  virtual ~tensor_comm() = default;
+  // In place: every rank gets the element-wise sum of every rank's values.
+  virtual void all_reduce_sum(std::span<float> values) = 0;
+  // `all` (size x mine.size()) gets every rank's `mine`, rank 0's first.
+  virtual void all_gather(std::span<const float> mine, std::span<float> all) = 0;
+};
+
+// A layer's view of its tensor-parallel group during forward and backward.
+struct tensor_context {
+  tensor_place place{};
+  tensor_comm* comm = nullptr;  // null when place.size is 1
+
+  void all_reduce_sum(std::span<float> values) const {
+    if (place.size > 1) {
+      comm->all_reduce_sum(values);
+    }
+  }
+  void all_gather(std::span<const float> mine, std::span<float> all) const {
+    if (place.size > 1) {
+      comm->all_gather(mine, all);
+    } else {
+      std::copy(mine.begin(), mine.end(), all.begin());
+    }
+  }
+};
+
 // One parameter tensor of a layer.
 struct param_spec {
   std::string name{};    // within the layer: "weight", "bias", ...
@@ -116,11 +183,41 @@ struct param_spec {
   init_kind init = init_kind::zeros;
   std::size_t fan_in = 0;
   std::size_t fan_out = 0;
-  bool weight_decay = true;  // false for biases and normalisation scales
+  bool weight_decay = true;                 // false for biases and normalisation scales
+  tensor_split split = tensor_split::none;  // requirement 10
 
   std::size_t elements() const noexcept { return rows * cols; }
   friend bool operator==(const param_spec&, const param_spec&) = default;
 };
+
+// The slice of `spec` that rank place.rank holds (requirement 10): the whole spec for split none
+// or a group of one. Throws std::invalid_argument, naming the tensor, when the split dimension is
+// not a multiple of the group's size.
+inline param_spec local_spec(const param_spec& spec, const tensor_place& place) {
+  if (spec.split == tensor_split::none || place.size == 1) {
+    return spec;
+  }
+  const std::size_t n = spec.split == tensor_split::rows ? spec.rows : spec.cols;
+  if (place.size == 0 || n % place.size != 0) {
+    throw std::invalid_argument(
+        "tensor parallelism: parameter '" + spec.name + "' has " + std::to_string(n) + " " +
+        to_string(spec.split) +
+        ", not a multiple of tensor_parallel_size = " + std::to_string(place.size));
+  }
+  param_spec out = spec;
+  (spec.split == tensor_split::rows ? out.rows : out.cols) = n / place.size;
+  return out;
+}
+
+// The first row (split rows) or column (split cols) of that slice in the whole tensor; 0 for a
+// tensor held whole.
+inline std::size_t slice_first(const param_spec& spec, const tensor_place& place) {
+  if (spec.split == tensor_split::none || place.size <= 1) {
+    return 0;
+  }
+  const std::size_t n = spec.split == tensor_split::rows ? spec.rows : spec.cols;
+  return place.rank * (n / place.size);
+}
 
 // The cost of one sample through a layer.
 struct layer_cost {
@@ -165,6 +262,7 @@ struct forward_args {
   // run_options::storage: the type the model's activations and (mixed precision) parameters are
   // rounded through. A layer may hand it to its products (model::gemm's bfloat16_inputs).
   dtype storage = dtype::float32;
+  tensor_context tensor{};  // requirement 10: this rank's tensor-parallel group
 
   // The stream of sample b of this batch.
   rng_stream rng_for(std::size_t b) const noexcept {
@@ -183,13 +281,18 @@ struct workspace_config {
   // input-gradient pass of the layers that split their backward (the whole backward of the
   // others) and backward_weight() their weight pass. Not with checkpoint_every.
   bool split_backward = false;
+  // The rank's place in its tensor-parallel group: tensor-parallel layers keep their slices'
+  // activations (requirement 10).
+  tensor_place tensor{};
 
   friend bool operator==(const workspace_config&, const workspace_config&) = default;
 };
 
 inline std::string to_string(const workspace_config& c) {
   return "workspace_config{.checkpoint_every = " + std::to_string(c.checkpoint_every) +
-         ", .split_backward = " + (c.split_backward ? "true" : "false") + "}";
+         ", .split_backward = " + (c.split_backward ? "true" : "false") +
+         ", .tensor = " + std::to_string(c.tensor.rank) + " of " + std::to_string(c.tensor.size) +
+         "}";
 }
 
 // Consecutive layers [first, last) of a model: what one pipeline stage (or one chunk of an
@@ -216,6 +319,8 @@ struct run_options {
   // (backward) is rounded through it (core/round.hpp). float32: no rounding. Mixed precision
   // on the host sets float16 or bfloat16.
   dtype storage = dtype::float32;
+  // The rank's tensor-parallel group, handed to every layer (requirement 10).
+  tensor_context tensor{};
 };
 
 // Lets a layer say, during its backward, that a leading part of its parameter gradients is
@@ -255,6 +360,7 @@ struct backward_args {
   // True only for layers whose traits say writes_grads() (requirement 8): grads hold no
   // contribution yet (any bits); WRITE every element instead of adding.
   bool write_grads = false;
+  tensor_context tensor{};  // as forward_args::tensor
 };
 
 // The primary traits forward to the members; the optional ones fall back to the defaults.
@@ -324,11 +430,29 @@ struct layer_traits {
     }
   }
 
+  // Requirement 10: the form taking the rank's place in its tensor-parallel group, where declared.
+  static std::size_t workspace_elements(const L& l, const sample_shape& in, std::size_t batch,
+                                        const tensor_place& place) {
+    if constexpr (requires {
+                    { l.workspace_elements(in, batch, place) } -> std::convertible_to<std::size_t>;
+                  }) {
+      return l.workspace_elements(in, batch, place);
+    } else {
+      return workspace_elements(l, in, batch);
+    }
+  }
+
   static std::size_t workspace_elements(const L& l, const sample_shape& in, std::size_t batch) {
     if constexpr (requires {
                     { l.workspace_elements(in, batch) } -> std::convertible_to<std::size_t>;
                   }) {
       return l.workspace_elements(in, batch);
+    } else if constexpr (requires(const tensor_place& place) {
+                           {
+                             l.workspace_elements(in, batch, place)
+                             } -> std::convertible_to<std::size_t>;
+                         }) {
+      return l.workspace_elements(in, batch, tensor_place{});
     } else {
       return 0;
     }

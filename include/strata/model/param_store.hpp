@@ -35,6 +35,11 @@ struct param_entry {
   // The tensor's place among the whole model's tensors: its initial values are drawn from it
   // (initialize), so a store holding part of the model (a pipeline stage) starts as the whole.
   std::size_t index = 0;
+  // The whole tensor (spec is this rank's slice of it under tensor parallelism: requirement 10
+  // of model/concepts.hpp; otherwise both are the same) and where the slice starts in it: its
+  // first row (split rows) or column (split cols).
+  param_spec global{};
+  std::size_t slice_first = 0;
 
   friend bool operator==(const param_entry&, const param_entry&) = default;
 };
@@ -57,6 +62,8 @@ struct param_store_config {
   // whole model's tensors, of each group's first tensor. Empty: the store is the whole model,
   // its tensors numbered in order.
   std::vector<std::size_t> group_first_tensor{};
+  // The rank's place in its tensor-parallel group: tensors with a split hold this rank's slice.
+  tensor_place tensor{};
 
   friend bool operator==(const param_store_config&, const param_store_config&) = default;
 };
@@ -89,12 +96,15 @@ class param_store {
       param_group group{.name = group_names[g], .offset = offset, .elements = 0};
       std::size_t index =
           config_.group_first_tensor.empty() ? entries_.size() : config_.group_first_tensor[g];
-      for (const param_spec& spec : groups[g]) {
+      for (const param_spec& whole : groups[g]) {
+        const param_spec spec = local_spec(whole, config_.tensor);
         entries_.push_back({.name = group_names[g] + "." + spec.name,
                             .spec = spec,
                             .offset = offset,
                             .group = g,
-                            .index = index++});
+                            .index = index++,
+                            .global = whole,
+                            .slice_first = slice_first(whole, config_.tensor)});
         offset += spec.elements();
         group.elements += spec.elements();
       }
@@ -229,7 +239,26 @@ class param_store {
     for (const param_entry& e : entries_) {
       std::span<float> out = values_.span().subspan(e.offset, e.spec.elements());
       rng_stream rng = rng_stream::for_sample(seed, 0, e.index, init_substream);
-      fill(out, e.spec, rng);
+      if (e.spec == e.global) {
+        fill(out, e.spec, rng);
+        continue;
+      }
+      // A slice: the whole tensor's values drawn as for a group of one, this rank's part kept,
+      // so every tensor-parallel size starts from the same model.
+      std::vector<float> whole(e.global.elements());
+      fill(whole, e.global, rng);
+      copy_slice(e, whole, out);
+    }
+  }
+
+  // Copies entry e's slice out of its whole tensor `whole` (global.elements() floats).
+  static void copy_slice(const param_entry& e, std::span<const float> whole, std::span<float> out) {
+    const bool rows = e.global.split == tensor_split::rows;
+    for (std::size_t r = 0; r < e.spec.rows; ++r) {
+      const std::size_t from_row = rows ? e.slice_first + r : r;
+      const std::size_t from_col = rows ? 0 : e.slice_first;
+      std::copy_n(whole.begin() + static_cast<std::ptrdiff_t>(from_row * e.global.cols + from_col),
+                  e.spec.cols, out.begin() + static_cast<std::ptrdiff_t>(r * e.spec.cols));
     }
   }
 

@@ -14,6 +14,8 @@
 // Randomness: inner layer i draws from the block's stream key with (i + 1) x 1024 added to the
 // layer index, so up to 63 inner layers in models of up to 1024 layers draw apart. Inner
 // layers add their gradients (the block does not write them: the container zeroes the group).
+// Inner tensor-parallel layers (requirement 10) get the block's tensor context; their tensors
+// keep their split, so the block's group holds this rank's slices.
 
 #include <array>
 #include <cstddef>
@@ -65,8 +67,10 @@ struct residual {
     return out;
   }
 
-  std::size_t workspace_elements(const sample_shape& in, std::size_t batch) const {
-    return plan_of(in, batch).total;
+  // Requirement 10: tensor-parallel inner layers keep their slices' activations.
+  std::size_t workspace_elements(const sample_shape& in, std::size_t batch,
+                                 const tensor_place& place) const {
+    return plan_of(in, batch, place).total;
   }
 
   layer_cost cost(const sample_shape& in) const {
@@ -80,7 +84,7 @@ struct residual {
   }
 
   void forward(const forward_args& args) const {
-    const plan p = plan_of(args.in_shape, args.batch);
+    const plan p = plan_of(args.in_shape, args.batch, args.tensor.place);
     check(args.workspace.size(), p.total, "workspace");
     check(args.output.size(), args.input.size(), "output");
     std::span<const float> x = args.input;
@@ -103,7 +107,7 @@ struct residual {
   }
 
   void backward(const backward_args& args) const {
-    const plan p = plan_of(args.in_shape, args.batch);
+    const plan p = plan_of(args.in_shape, args.batch, args.tensor.place);
     check(args.workspace.size(), p.total, "workspace");
     check(args.grads.size(), p.param[count], "grads");
     const std::size_t full = args.batch * args.in_shape.elements();
@@ -125,6 +129,7 @@ struct residual {
       a.grads = args.grads.subspan(p.param[I], p.param[I + 1] - p.param[I]);
       a.workspace = args.workspace.subspan(p.saved[I], p.saved_size[I]);
       a.storage = args.storage;
+      a.tensor = args.tensor;
       layer_traits<inner_t<I>>::backward(l, a);
       if (wanted) {
         round_through(a.grad_input, args.storage);
@@ -182,7 +187,7 @@ struct residual {
     std::size_t total = 0;
   };
 
-  plan plan_of(const sample_shape& in, std::size_t batch) const {
+  plan plan_of(const sample_shape& in, std::size_t batch, const tensor_place& place) const {
     plan p;
     p.shapes = shapes(in);
     if (p.shapes.back() != in) {
@@ -194,11 +199,11 @@ struct residual {
       p.output[I] = at;
       at += batch * p.shapes[I + 1].elements();
       p.saved[I] = at;
-      p.saved_size[I] = layer_traits<inner_t<I>>::workspace_elements(l, p.shapes[I], batch);
+      p.saved_size[I] = layer_traits<inner_t<I>>::workspace_elements(l, p.shapes[I], batch, place);
       at += p.saved_size[I];
       std::size_t params = 0;
       for (const param_spec& spec : layer_traits<inner_t<I>>::parameters(l, p.shapes[I])) {
-        params += spec.elements();
+        params += local_spec(spec, place).elements();
       }
       p.param[I + 1] = p.param[I] + params;
       widest = std::max(widest, batch * p.shapes[I].elements());

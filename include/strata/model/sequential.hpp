@@ -270,6 +270,16 @@ class sequential {
                                   std::to_string(batch * shapes_[r.first].elements()));
     }
     check_params(w, params);
+    if (options.tensor.place != w.config_.tensor ||
+        options.tensor.place != params.config().tensor) {
+      throw std::invalid_argument(
+          "sequential::forward: run for tensor-parallel rank " +
+          std::to_string(options.tensor.place.rank) + " of " +
+          std::to_string(options.tensor.place.size) + ", but the workspace is for rank " +
+          std::to_string(w.config_.tensor.rank) + " of " + std::to_string(w.config_.tensor.size) +
+          " and the parameters for rank " + std::to_string(params.config().tensor.rank) + " of " +
+          std::to_string(params.config().tensor.size));
+    }
     w.batch_ = batch;
     w.input_ = input;
     w.options_ = options;
@@ -468,6 +478,7 @@ class sequential {
     a.grads = params.group_grads_to_write(group);
     a.workspace = saved_of(w, I, l, batch);
     a.storage = w.options_.storage;
+    a.tensor = w.options_.tensor;
     return a;
   }
 
@@ -494,7 +505,8 @@ class sequential {
   template <class L>
   std::span<float> saved_of(sequential_workspace& w, std::size_t i, const L& l,
                             std::size_t batch) const {
-    const std::size_t n = layer_traits<L>::workspace_elements(l, shapes_[i], batch);
+    const std::size_t n =
+        layer_traits<L>::workspace_elements(l, shapes_[i], batch, w.config_.tensor);
     return std::span<float>(w.saved_[i], n);
   }
 
@@ -519,6 +531,7 @@ class sequential {
       a.rng = {.seed = options.seed, .step = options.step, .layer = static_cast<std::uint32_t>(I)};
       a.sample_ids = options.sample_ids;
       a.storage = options.storage;
+      a.tensor = options.tensor;
       layer_traits<layer_t<I>>::forward(l, a);
       round_through(a.output, options.storage);
     });
@@ -549,7 +562,8 @@ class sequential {
     std::array<bool, layer_count> splits{};
     const auto groups = parameter_groups();
     for_each_layer([&]<std::size_t I>(const auto& l) {
-      saved_sizes[I] = layer_traits<layer_t<I>>::workspace_elements(l, shapes_[I], batch);
+      saved_sizes[I] =
+          layer_traits<layer_t<I>>::workspace_elements(l, shapes_[I], batch, config.tensor);
       splits[I] = layer_splits_backward<layer_t<I>>() && !groups[I].empty();
     });
     const std::size_t k = config.checkpoint_every;

@@ -58,12 +58,12 @@ inline mesh_shape mesh_shape_of(const config::train_config& cfg) {
   const std::int64_t data = config::effective_data_parallel_size(cfg);
   const std::int64_t product = data * cfg.tensor_parallel_size * cfg.pipeline_parallel_size;
   if (data < 1 || product != cfg.world_size) {
-    throw config_error(
-        {.key = "data_parallel_size", .file = {}, .line = 0, .column = 0},
-        "data_parallel_size x tensor_parallel_size x pipeline_parallel_size = " +
-            std::to_string(data) + " x " + std::to_string(cfg.tensor_parallel_size) + " x " +
-            std::to_string(cfg.pipeline_parallel_size) + " = " + std::to_string(product) +
-            " must equal world_size = " + std::to_string(cfg.world_size));
+    throw config_error({.key = "data_parallel_size", .file = {}, .line = 0, .column = 0},
+                       "data_parallel_size x tensor_parallel_size x pipeline_parallel_size = " +
+                           std::to_string(data) + " x " + std::to_string(cfg.tensor_parallel_size) +
+                           " x " + std::to_string(cfg.pipeline_parallel_size) + " = " +
+                           std::to_string(product) +
+                           " must equal world_size = " + std::to_string(cfg.world_size));
   }
   return {.data = static_cast<int>(data),
           .tensor = static_cast<int>(cfg.tensor_parallel_size),
@@ -108,7 +108,8 @@ class mesh_layout {
     for (int r = 0; r < world; ++r) {
       int f = r;
       for (int o = 0; o < r; ++o) {
-        if (node_of_rank[static_cast<std::size_t>(o)] == node_of_rank[static_cast<std::size_t>(r)]) {
+        if (node_of_rank[static_cast<std::size_t>(o)] ==
+            node_of_rank[static_cast<std::size_t>(r)]) {
           f = o;
           break;
         }
@@ -123,9 +124,11 @@ class mesh_layout {
       position_of_rank_[static_cast<std::size_t>(rank_at_[static_cast<std::size_t>(q)])] = q;
     }
     for (int q = 0; q < world; q += shape.tensor) {
-      const std::uint64_t node = node_of_rank[static_cast<std::size_t>(rank_at_[static_cast<std::size_t>(q)])];
+      const std::uint64_t node =
+          node_of_rank[static_cast<std::size_t>(rank_at_[static_cast<std::size_t>(q)])];
       for (int t = 1; t < shape.tensor; ++t) {
-        if (node_of_rank[static_cast<std::size_t>(rank_at_[static_cast<std::size_t>(q + t)])] != node) {
+        if (node_of_rank[static_cast<std::size_t>(rank_at_[static_cast<std::size_t>(q + t)])] !=
+            node) {
           spanning_ += 1;
           break;
         }
@@ -141,7 +144,9 @@ class mesh_layout {
   }
 
   const mesh_shape& shape() const noexcept { return shape_; }
-  int position_of_rank(int rank) const { return position_of_rank_.at(static_cast<std::size_t>(rank)); }
+  int position_of_rank(int rank) const {
+    return position_of_rank_.at(static_cast<std::size_t>(rank));
+  }
   int rank_at(int position) const { return rank_at_.at(static_cast<std::size_t>(position)); }
   mesh_coords coords_of(int rank) const { return coords_at(shape_, position_of_rank(rank)); }
   int rank_of(const mesh_coords& c) const { return rank_at(position_of(shape_, c)); }
@@ -150,8 +155,12 @@ class mesh_layout {
   const std::string& note() const noexcept { return note_; }
 
   // The ranks of `rank`'s group along one axis, in the order of their index on it.
-  std::vector<int> tensor_group(int rank) const { return along(rank, &mesh_coords::tensor, shape_.tensor); }
-  std::vector<int> data_group(int rank) const { return along(rank, &mesh_coords::data, shape_.data); }
+  std::vector<int> tensor_group(int rank) const {
+    return along(rank, &mesh_coords::tensor, shape_.tensor);
+  }
+  std::vector<int> data_group(int rank) const {
+    return along(rank, &mesh_coords::data, shape_.data);
+  }
   std::vector<int> pipeline_group(int rank) const {
     return along(rank, &mesh_coords::pipeline, shape_.pipeline);
   }

@@ -131,8 +131,8 @@ TEST_CASE("mesh: sizes from the config; a product other than world_size names th
   CHECK(sp::mesh_shape_of(cfg) == sp::mesh_shape{.data = 2, .tensor = 2, .pipeline = 2});
   cfg.data_parallel_size = 3;
   const std::string m = message_of(cfg);
-  for (const char* key : {"data_parallel_size", "tensor_parallel_size", "pipeline_parallel_size",
-                          "world_size = 8"}) {
+  for (const char* key :
+       {"data_parallel_size", "tensor_parallel_size", "pipeline_parallel_size", "world_size = 8"}) {
     CHECK_MESSAGE(m.find(key) != std::string::npos, m);
   }
 }
@@ -165,8 +165,8 @@ TEST_CASE("mesh: on 8 thread ranks each group's sum is its members'") {
       }
       return s;
     };
-    CHECK(sums[static_cast<std::size_t>(r)] ==
-          std::vector<int>{total(layout.tensor_group(r)), total(layout.data_group(r)),
-                           total(layout.pipeline_group(r))});
+    CHECK(sums[static_cast<std::size_t>(r)] == std::vector<int>{total(layout.tensor_group(r)),
+                                                                total(layout.data_group(r)),
+                                                                total(layout.pipeline_group(r))});
   }
 }

@@ -1,0 +1,263 @@
+// SPDX-License-Identifier: Apache-2.0
+// Tensor parallelism (parallel/tensor.hpp, model::self_attention's heads): the layers pass the
+// gradient check as a group of one; on 2 and 4 thread ranks a small vision transformer and a
+// column -> row pair give tp 1's outputs, input gradients, parameter gradients (slice by slice)
+// and losses over SGD steps, from the same initial slices; sizes that do not split are named.
+#include "strata/parallel/tensor.hpp"
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "strata/comm/threads.hpp"
+#include "strata/core/rng.hpp"
+#include "strata/core/shape.hpp"
+#include "strata/model/activations.hpp"
+#include "strata/model/attention.hpp"
+#include "strata/model/layer_norm.hpp"
+#include "strata/model/linear.hpp"
+#include "strata/model/param_store.hpp"
+#include "strata/model/patch_embedding.hpp"
+#include "strata/model/residual.hpp"
+#include "strata/model/sequential.hpp"
+#include "strata/model/softmax_cross_entropy.hpp"
+#include "strata/model/token_mean.hpp"
+#include "unit/model/gradient_check.hpp"
+
+namespace {
+
+namespace sm = strata::model;
+namespace sp = strata::parallel;
+using strata::sample_shape;
+
+std::vector<float> random_values(std::size_t n, std::uint64_t seed) {
+  strata::rng_stream rng(seed);
+  std::vector<float> values(n);
+  for (float& v : values) {
+    v = rng.uniform(-1.0f, 1.0f);
+  }
+  return values;
+}
+
+auto small_vit() {
+  constexpr std::size_t d = 16;
+  return sm::sequential(
+      sample_shape{.channels = 1, .height = 8, .width = 8}, sm::patch_embedding{.patch = 4, .dim = d},
+      sm::residual{sm::layer_norm{.features = d}, sm::self_attention{.dim = d, .heads = 4}},
+      sm::residual{sm::layer_norm{.features = d}, sp::parallel_mlp{.dim = d, .hidden = 32}},
+      sm::layer_norm{.features = d}, sm::token_mean{}, sm::linear{.in = d, .out = 4});
+}
+
+auto column_row() {
+  return sm::sequential(sample_shape{.channels = 1, .height = 1, .width = 12},
+                        sp::column_parallel_linear{.in = 12, .out = 8}, sm::gelu{},
+                        sp::row_parallel_linear{.in = 8, .out = 4});
+}
+
+// What one rank sees over a few SGD steps: every step's loss, and after the first step's
+// backward the output, the input gradient and the parameter gradients (this rank's slices).
+struct run_record {
+  std::vector<double> losses;
+  std::vector<float> logits;
+  std::vector<float> grad_input;
+  std::vector<float> grads;
+  std::vector<float> initial;
+};
+
+template <class Model>
+run_record train(const Model& m, sm::tensor_context tensor, std::size_t batch, int steps) {
+  auto params = m.make_params({.tensor = tensor.place});
+  params.initialize(9);
+  auto work = m.make_workspace(batch, {.tensor = tensor.place});
+  const std::size_t classes = m.output_shape().elements();
+  const auto x = random_values(batch * m.input_shape().elements(), 3);
+  std::vector<std::int32_t> labels(batch);
+  for (std::size_t i = 0; i < batch; ++i) {
+    labels[i] = static_cast<std::int32_t>(i % classes);
+  }
+  std::vector<float> grad(batch * classes);
+  const sm::softmax_cross_entropy loss;
+  run_record out;
+  out.initial.assign(params.values().begin(), params.values().end());
+  for (int step = 0; step < steps; ++step) {
+    const auto logits = m.forward(work, params, x, batch, {.training = true, .tensor = tensor});
+    if (step == 0) {
+      out.logits.assign(logits.begin(), logits.end());
+    }
+    const auto r = loss.evaluate({.batch = batch,
+                                  .classes = classes,
+                                  .logits = logits,
+                                  .labels = labels,
+                                  .grad_logits = grad,
+                                  .grad_scale = 1.0f / static_cast<float>(batch)});
+    out.losses.push_back(r.loss_sum / static_cast<double>(batch));
+    params.zero_grads();
+    m.backward(work, params, grad);
+    if (step == 0) {
+      const auto g = std::as_const(params).grads();
+      out.grads.assign(g.begin(), g.end());
+    }
+    auto values = params.values();
+    const auto g = std::as_const(params).grads();
+    for (std::size_t i = 0; i < values.size(); ++i) {
+      values[i] -= 0.1f * g[i];
+    }
+  }
+  return out;
+}
+
+// The slices rank `place` holds of the whole store's values `whole_values` (a tp 1 store's).
+std::vector<float> slices_of(const sm::param_store& whole, std::span<const float> whole_values,
+                             const sm::param_store& part) {
+  std::vector<float> out(part.size(), 0.0f);
+  for (std::size_t i = 0; i < part.entries().size(); ++i) {
+    const sm::param_entry& e = part.entries()[i];
+    const sm::param_entry& w = whole.entries()[i];
+    sm::param_store::copy_slice(e, whole_values.subspan(w.offset, w.spec.elements()),
+                                std::span<float>(out).subspan(e.offset, e.spec.elements()));
+  }
+  return out;
+}
+
+void check_close(std::span<const float> got, std::span<const float> want, double tolerance,
+                 const char* what) {
+  REQUIRE(got.size() == want.size());
+  std::size_t bad = 0;
+  double worst = 0.0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const double diff = std::abs(static_cast<double>(got[i]) - want[i]);
+    const double allowed = tolerance * (1.0 + std::abs(static_cast<double>(want[i])));
+    worst = std::max(worst, diff);
+    bad += diff > allowed ? 1 : 0;
+  }
+  CHECK_MESSAGE(bad == 0, what << ": " << bad << " of " << got.size()
+                               << " elements differ, largest difference " << worst);
+}
+
+template <class Model>
+void check_tensor_parallel_equals_one(const Model& m, int tp) {
+  const std::size_t batch = 4;
+  const int steps = 5;
+  const run_record one = train(m, {}, batch, steps);
+  const auto whole = m.make_params();
+  std::mutex mu;
+  std::vector<run_record> ranks(static_cast<std::size_t>(tp));
+  strata::comm::threads::run(tp, [&](strata::comm::threads& group) {
+    sp::comm_tensor_group<strata::comm::threads> tensor(group);
+    run_record r = train(m, tensor.context(), batch, steps);
+    const std::lock_guard lock(mu);
+    ranks[static_cast<std::size_t>(group.rank())] = std::move(r);
+  });
+  for (int rank = 0; rank < tp; ++rank) {
+    CAPTURE(rank);
+    const auto part = m.make_params({.tensor = {.rank = static_cast<std::size_t>(rank),
+                                                .size = static_cast<std::size_t>(tp)}});
+    const run_record& r = ranks[static_cast<std::size_t>(rank)];
+    // The same initial model, sliced.
+    CHECK(r.initial == slices_of(whole, one.initial, part));
+    check_close(r.logits, one.logits, 1e-5, "logits");
+    check_close(r.grads, slices_of(whole, one.grads, part), 1e-5, "parameter gradients");
+    REQUIRE(r.losses.size() == one.losses.size());
+    for (std::size_t s = 0; s < r.losses.size(); ++s) {
+      CHECK(r.losses[s] == doctest::Approx(one.losses[s]).epsilon(1e-5));
+    }
+  }
+  CHECK(one.losses.back() < one.losses.front());
+}
+
+}  // namespace
+
+TEST_CASE("tensor-parallel layers as a group of one: central differences") {
+  using sm::testing::check_gradients;
+  const sample_shape tokens{.channels = 1, .height = 3, .width = 6};
+  const auto column = check_gradients(sp::column_parallel_linear{.in = 6, .out = 4},
+                                      {.batch = 2, .in_shape = tokens});
+  CHECK_MESSAGE(column.passed(), column.report());
+  const auto row =
+      check_gradients(sp::row_parallel_linear{.in = 6, .out = 5}, {.batch = 2, .in_shape = tokens});
+  CHECK_MESSAGE(row.passed(), row.report());
+  const auto mlp =
+      check_gradients(sp::parallel_mlp{.dim = 6, .hidden = 8}, {.batch = 2, .in_shape = tokens});
+  CHECK_MESSAGE(mlp.passed(), mlp.report());
+}
+
+TEST_CASE("tensor parallelism: tp 2 and 4 give tp 1's model, outputs, gradients and losses") {
+  for (const int tp : {2, 4}) {
+    CAPTURE(tp);
+    SUBCASE("a small vision transformer (heads and MLP split)") {
+      check_tensor_parallel_equals_one(small_vit(), tp);
+    }
+    SUBCASE("column then row parallel linear") { check_tensor_parallel_equals_one(column_row(), tp); }
+  }
+}
+
+TEST_CASE("tensor parallelism: the input gradient is whole on every rank") {
+  // A model whose first layer is tensor-parallel needs the gradient of its input only when
+  // asked: drive the layer alone on 2 ranks and compare with the unsplit layer.
+  const sp::row_parallel_linear layer{.in = 8, .out = 3};
+  const sample_shape in{.channels = 1, .height = 1, .width = 8};
+  const std::size_t batch = 3;
+  const auto x = random_values(batch * 8, 5);
+  const auto dy = random_values(batch * 3, 6);
+  const auto specs = layer.parameters(in);
+  const sm::param_store whole({"0"}, {specs});
+  std::vector<float> p = random_values(whole.size(), 7);
+  const auto run = [&](sm::tensor_context ctx, std::span<const float> params) {
+    std::vector<float> y(batch * 3), dx(batch * 8), g(params.size(), 0.0f);
+    std::vector<float> work(layer.workspace_elements(in, batch, ctx.place));
+    layer.forward({.batch = batch,
+                   .in_shape = in,
+                   .out_shape = layer.output_shape(in),
+                   .input = x,
+                   .output = y,
+                   .params = params,
+                   .workspace = work,
+                   .tensor = ctx});
+    layer.backward({.batch = batch,
+                    .in_shape = in,
+                    .out_shape = layer.output_shape(in),
+                    .input = x,
+                    .output = y,
+                    .grad_output = dy,
+                    .grad_input = dx,
+                    .params = params,
+                    .grads = g,
+                    .workspace = work,
+                    .tensor = ctx});
+    return std::pair{y, dx};
+  };
+  const auto [y1, dx1] = run({}, p);
+  std::mutex mu;
+  strata::comm::threads::run(2, [&](strata::comm::threads& group) {
+    sp::comm_tensor_group<strata::comm::threads> tensor(group);
+    const auto ctx = tensor.context();
+    const sm::param_store part({"0"}, {specs}, {.tensor = ctx.place});
+    const auto mine = slices_of(whole, p, part);
+    const auto [y, dx] = run(ctx, mine);
+    const std::lock_guard lock(mu);
+    check_close(y, y1, 1e-5, "output");
+    check_close(dx, dx1, 1e-5, "input gradient");
+  });
+}
+
+TEST_CASE("tensor parallelism: sizes that do not split name the layer or the parameter") {
+  const sm::self_attention attn{.dim = 12, .heads = 3};
+  CHECK_THROWS_WITH_AS(
+      (void)attn.workspace_elements({.channels = 1, .height = 2, .width = 12}, 1, {.rank = 0, .size = 2}),
+      doctest::Contains("3 heads do not split over tensor_parallel_size = 2"),
+      std::invalid_argument);
+  const sp::parallel_mlp mlp{.dim = 4, .hidden = 6};
+  const sample_shape in{.channels = 1, .height = 1, .width = 4};
+  CHECK_THROWS_WITH_AS(sm::param_store({"0"}, {mlp.parameters(in)}, {.tensor = {.rank = 0, .size = 4}}),
+                       doctest::Contains("parameter 'up_weight' has 6 rows, not a multiple of "
+                                         "tensor_parallel_size = 4"),
+                       std::invalid_argument);
+}
