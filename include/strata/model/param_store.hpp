@@ -251,6 +251,19 @@ class param_store {
     }
   }
 
+  // Writes entry e's slice `slice` into its whole tensor `whole` (global.elements() floats): the
+  // inverse of copy_slice.
+  static void place_slice(const param_entry& e, std::span<const float> slice,
+                          std::span<float> whole) {
+    const bool rows = e.global.split == tensor_split::rows;
+    for (std::size_t r = 0; r < e.spec.rows; ++r) {
+      const std::size_t to_row = rows ? e.slice_first + r : r;
+      const std::size_t to_col = rows ? 0 : e.slice_first;
+      std::copy_n(slice.begin() + static_cast<std::ptrdiff_t>(r * e.spec.cols), e.spec.cols,
+                  whole.begin() + static_cast<std::ptrdiff_t>(to_row * e.global.cols + to_col));
+    }
+  }
+
   // Copies entry e's slice out of its whole tensor `whole` (global.elements() floats).
   static void copy_slice(const param_entry& e, std::span<const float> whole, std::span<float> out) {
     const bool rows = e.global.split == tensor_split::rows;
@@ -339,5 +352,43 @@ class param_store {
   buffer<float> grads_{};
   mutable bool grads_discarded_ = false;
 };
+
+// The store of the same groups holding every tensor whole (the layout of a group of one): what
+// the slices of every rank of a tensor-parallel group make together.
+inline param_store whole_store_like(const param_store& part) {
+  std::vector<std::string> names;
+  std::vector<std::vector<param_spec>> groups(part.groups().size());
+  for (const param_group& g : part.groups()) {
+    names.push_back(g.name);
+  }
+  for (const param_entry& e : part.entries()) {
+    groups[e.group].push_back(e.global);
+  }
+  param_store_config config = part.config();
+  config.tensor = {};
+  return param_store(names, groups, config);
+}
+
+// The whole values from every rank's values of a tensor-parallel group (`ranks` x part.size()
+// floats, rank 0's first; part is any rank's store), in whole_store_like(part)'s layout.
+inline std::vector<float> gather_whole_values(const param_store& part, std::span<const float> ranks,
+                                              std::size_t size) {
+  const param_store whole = whole_store_like(part);
+  std::vector<float> out(whole.size(), 0.0f);
+  for (std::size_t i = 0; i < part.entries().size(); ++i) {
+    param_entry e = part.entries()[i];
+    const param_entry& w = whole.entries()[i];
+    const std::span<float> into = std::span<float>(out).subspan(w.offset, w.spec.elements());
+    for (std::size_t k = 0; k < size; ++k) {
+      e.slice_first = slice_first(e.global, {.rank = k, .size = size});
+      if (e.spec == e.global && k > 0) {
+        break;  // held whole by every rank: rank 0's
+      }
+      param_store::place_slice(e, ranks.subspan(k * part.size() + e.offset, e.spec.elements()),
+                               into);
+    }
+  }
+  return out;
+}
 
 }  // namespace strata::model

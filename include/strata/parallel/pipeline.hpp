@@ -54,7 +54,7 @@
 #ifndef XXH_INLINE_ALL
 #define XXH_INLINE_ALL
 #endif
-#include <xxhash.h>
+#include "strata/core/digest.hpp"
 
 #include "strata/comm/any_comm.hpp"
 #include "strata/config/policy_keys.hpp"
@@ -478,12 +478,7 @@ class pipeline_executor : public local_executor, public pass_runner {
     std::vector<float> state;
   };
 
-  static std::string hex_digest(std::span<const float> values) {
-    const std::uint64_t h = XXH3_64bits(values.data(), values.size_bytes());
-    char text[17] = {};
-    std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(h));
-    return text;
-  }
+  static std::string hex_digest(std::span<const float> values) { return xxh3_hex(values); }
 
   static std::string blob_name(int stage, std::string_view what) {
     return "pipeline.stage-" + std::to_string(stage) + "." + std::string(what) + ".bin";

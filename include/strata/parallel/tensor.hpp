@@ -81,9 +81,9 @@ inline void tensor_check(const char* layer, std::size_t got, std::size_t want, c
 inline std::size_t tensor_part(const char* layer, const char* what, std::size_t n,
                                const model::tensor_place& place) {
   if (place.size == 0 || n % place.size != 0) {
-    tensor_throw(layer, std::string(what) + " = " + std::to_string(n) +
-                            " does not split over tensor_parallel_size = " +
-                            std::to_string(place.size));
+    tensor_throw(layer,
+                 std::string(what) + " = " + std::to_string(n) +
+                     " does not split over tensor_parallel_size = " + std::to_string(place.size));
   }
   return n / place.size;
 }
@@ -344,8 +344,8 @@ struct row_parallel_linear {
     }
     const float* dy = args.grad_output.data();
     const float* x = args.input.data() + place.rank * part;
-    model::gemm({.transpose_a = true}, out, part, n, 1.0f, dy, out, x, in, 1.0f,
-                args.grads.data(), part);
+    model::gemm({.transpose_a = true}, out, part, n, 1.0f, dy, out, x, in, 1.0f, args.grads.data(),
+                part);
     if (bias) {
       detail::add_column_sums(dy, n, out, args.grads.data() + out * part);
     }
@@ -403,10 +403,10 @@ struct parallel_mlp {
   model::layer_cost cost(const sample_shape& input) const {
     const auto r = static_cast<double>(detail::tensor_rows(input, dim));
     const auto weights = 2.0 * static_cast<double>(dim) * static_cast<double>(hidden);
-    return {.forward_flops = 2.0 * weights * r,
-            .backward_flops = 4.0 * weights * r,
-            .activation_bytes = detail::tensor_rows(input, dim) * (2 * hidden + dim) *
-                                sizeof(float)};
+    return {
+        .forward_flops = 2.0 * weights * r,
+        .backward_flops = 4.0 * weights * r,
+        .activation_bytes = detail::tensor_rows(input, dim) * (2 * hidden + dim) * sizeof(float)};
   }
 
   void forward(const model::forward_args& args) const {
@@ -480,16 +480,16 @@ struct parallel_mlp {
 };
 
 inline std::string to_string(const column_parallel_linear& l) {
-  return "column_parallel_linear{.in = " + std::to_string(l.in) + ", .out = " +
-         std::to_string(l.out) + ", .bias = " + (l.bias ? "true" : "false") + "}";
+  return "column_parallel_linear{.in = " + std::to_string(l.in) +
+         ", .out = " + std::to_string(l.out) + ", .bias = " + (l.bias ? "true" : "false") + "}";
 }
 inline std::string to_string(const row_parallel_linear& l) {
   return "row_parallel_linear{.in = " + std::to_string(l.in) + ", .out = " + std::to_string(l.out) +
          ", .bias = " + (l.bias ? "true" : "false") + "}";
 }
 inline std::string to_string(const parallel_mlp& l) {
-  return "parallel_mlp{.dim = " + std::to_string(l.dim) + ", .hidden = " + std::to_string(l.hidden) +
-         "}";
+  return "parallel_mlp{.dim = " + std::to_string(l.dim) +
+         ", .hidden = " + std::to_string(l.hidden) + "}";
 }
 
 static_assert(model::check_layer<column_parallel_linear>());

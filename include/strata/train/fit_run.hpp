@@ -229,16 +229,18 @@ struct evaluation {
         t.loader_settings(true));
     const auto seed = static_cast<std::uint64_t>(t.cfg_.seed);
     t.cast_to_compute();
+    const model::tensor_context tensor = detail::tensor_context_of(*t.exec_);
     if (parallel::pass_runner* runner = detail::passes_runner_of(*t.exec_)) {
       return detail::evaluate_in_stages(t.model_, t.loss_, t.compute_params(), t.layers_, *runner,
-                                        loader, seed, Trainer::compute_dtype);
+                                        loader, seed, Trainer::compute_dtype, tensor);
     }
     const std::size_t batch = loader.config().batch_size;
     if (t.eval_work_.capacity() < batch) {
-      t.eval_work_ = t.model_.make_workspace(batch);
+      t.eval_work_ = detail::training_workspace(t.model_, batch, 0, tensor.place);
     }
-    const eval_result out = detail::evaluate_batches(t.model_, t.eval_work_, t.compute_params(),
-                                                     t.loss_, loader, seed, Trainer::compute_dtype);
+    const eval_result out =
+        detail::evaluate_batches(t.model_, t.eval_work_, t.compute_params(), t.loss_, loader, seed,
+                                 Trainer::compute_dtype, tensor);
     if constexpr (Trainer::batch_policy::frees_evaluation_memory) {
       t.eval_work_ = {};  // the memory goes back to training
     }

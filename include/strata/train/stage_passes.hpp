@@ -95,6 +95,7 @@ class model_stage_passes final : public parallel::stage_passes {
     bool split_backward = false;
     std::uint64_t seed = 0;
     dtype storage = dtype::float32;
+    model::tensor_context tensor{};  // this rank's tensor-parallel group
   };
 
   model_stage_passes(const Model& m, const Loss& loss, model::param_store& params, settings s)
@@ -130,7 +131,8 @@ class model_stage_passes final : public parallel::stage_passes {
                            .seed = s_.seed,
                            .step = training ? step_ : 0,
                            .sample_ids = b.indices,
-                           .storage = s_.storage});
+                           .storage = s_.storage,
+                           .tensor = s_.tensor});
   }
 
   model::loss_result loss(std::span<const float> output, const parallel::micro_batch& b,
@@ -179,7 +181,8 @@ class model_stage_passes final : public parallel::stage_passes {
                .emplace(key, model_.make_workspace(
                                  s_.capacity,
                                  model::workspace_config{.checkpoint_every = s_.checkpoint_every,
-                                                         .split_backward = s_.split_backward},
+                                                         .split_backward = s_.split_backward,
+                                                         .tensor = s_.tensor.place},
                                  s_.chunks[c], first_group_[c]))
                .first;
     }

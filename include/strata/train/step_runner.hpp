@@ -47,10 +47,16 @@ namespace detail {
 // layers when the model offers it (else `every` must be 0).
 template <class Model>
 typename Model::workspace_type training_workspace(const Model& m, std::size_t capacity,
-                                                  std::size_t every) {
+                                                  std::size_t every,
+                                                  const model::tensor_place& place = {}) {
   if constexpr (requires { m.make_workspace(capacity, model::workspace_config{}); }) {
-    return m.make_workspace(capacity, model::workspace_config{.checkpoint_every = every});
+    return m.make_workspace(capacity,
+                            model::workspace_config{.checkpoint_every = every, .tensor = place});
   } else {
+    if (place.size != 1) {
+      throw std::invalid_argument(
+          "tensor parallelism needs a model whose make_workspace takes a workspace_config");
+    }
     if (every != 0) {
       throw config_error({.key = "activation_checkpoint_every", .file = {}, .line = 0, .column = 0},
                          "this model does not offer activation checkpointing");
@@ -88,16 +94,21 @@ void backward_into_buckets(const Model& m, Work& work, model::param_store& p,
 template <class Model, class Loss, class Loader>
 eval_result evaluate_batches(const Model& m, typename Model::workspace_type& work,
                              model::param_store& params, const Loss& loss, Loader& loader,
-                             std::uint64_t seed, dtype storage) {
+                             std::uint64_t seed, dtype storage,
+                             const model::tensor_context& tensor = {}) {
   const std::size_t classes = m.output_shape().elements();
   eval_result out;
   double loss_sum = 0.0;
   std::size_t correct = 0;
   loader.start_epoch(0);
   while (auto b = loader.next()) {
-    const auto logits = m.forward(
-        work, params, b->inputs, b->size,
-        {.training = false, .seed = seed, .step = 0, .sample_ids = {}, .storage = storage});
+    const auto logits = m.forward(work, params, b->inputs, b->size,
+                                  {.training = false,
+                                   .seed = seed,
+                                   .step = 0,
+                                   .sample_ids = {},
+                                   .storage = storage,
+                                   .tensor = tensor});
     const model::loss_result r = loss.evaluate({.batch = b->size,
                                                 .classes = classes,
                                                 .logits = logits,
@@ -121,7 +132,7 @@ template <class Model, class Loss, class Loader>
 eval_result evaluate_in_stages(const Model& m, const Loss& loss, model::param_store& params,
                                const std::vector<model::layer_range>& layers,
                                parallel::pass_runner& runner, Loader& loader, std::uint64_t seed,
-                               dtype storage) {
+                               dtype storage, const model::tensor_context& tensor = {}) {
   if constexpr (!runs_layer_ranges<Model>) {
     throw std::invalid_argument("evaluation in stages needs a model that runs layer ranges");
   } else {
@@ -131,7 +142,8 @@ eval_result evaluate_in_stages(const Model& m, const Loss& loss, model::param_st
                                             .checkpoint_every = 0,
                                             .split_backward = runner.splits_backward(),
                                             .seed = seed,
-                                            .storage = storage});
+                                            .storage = storage,
+                                            .tensor = tensor});
     struct kept {
       std::vector<float> inputs;
       std::vector<std::int32_t> labels;
@@ -193,6 +205,7 @@ class step_runner {
     // An executor that runs the step's passes itself (else null), and this rank's layers.
     parallel::pass_runner* passes_runner = nullptr;
     const std::vector<model::layer_range>* layers = nullptr;
+    model::tensor_context tensor{};  // this rank's tensor-parallel group
   };
 
   // `loader_batch`: samples per loader batch; `reducer`: the executor's (null: none).
@@ -255,7 +268,8 @@ class step_runner {
     work_ = workspace{};
     if (samples > 0) {
       work_ = detail::training_workspace(
-          p_.model, samples, static_cast<std::size_t>(p_.cfg.activation_checkpoint_every));
+          p_.model, samples, static_cast<std::size_t>(p_.cfg.activation_checkpoint_every),
+          p_.tensor.place);
     }
   }
   std::size_t workspace_capacity() const { return work_.capacity(); }
@@ -293,7 +307,8 @@ class step_runner {
                                           .seed = static_cast<std::uint64_t>(p_.cfg.seed),
                                           .step = static_cast<std::uint32_t>(p_.step),
                                           .sample_ids = std::span<const std::uint64_t>(b.indices),
-                                          .storage = PrecisionPolicy::compute_dtype});
+                                          .storage = PrecisionPolicy::compute_dtype,
+                                          .tensor = p_.tensor});
     const std::span<float> grad(grad_logits_.data(), b.size * classes_);
     const model::loss_result loss = p_.loss.evaluate({.batch = b.size,
                                                       .classes = classes_,
@@ -349,7 +364,8 @@ class step_runner {
               .checkpoint_every = static_cast<std::size_t>(p_.cfg.activation_checkpoint_every),
               .split_backward = p_.passes_runner->splits_backward(),
               .seed = static_cast<std::uint64_t>(p_.cfg.seed),
-              .storage = PrecisionPolicy::compute_dtype});
+              .storage = PrecisionPolicy::compute_dtype,
+              .tensor = p_.tensor});
     } else {
       throw std::invalid_argument(
           "the parallel policy runs the model in stages: the model must run layer ranges "

@@ -115,7 +115,7 @@ class trainer {
       : model_(std::move(model)),
         cfg_(std::move(cfg)),
         options_(options),
-        comm_(comm),
+        comm_(detail::arranged_comm<executor_type>(std::move(comm), cfg_)),
         layers_(detail::rank_layers_of<executor_type, parallel_policy>(model_, cfg_,
                                                                        comm_ ? &*comm_ : nullptr)),
         params_(fresh_store()),
@@ -275,7 +275,8 @@ class trainer {
             .optimizer_state_per_parameter = optimizer_.state_per_parameter(),
             .group = group(),
             .passes_runner = detail::passes_runner_of(*exec_),
-            .layers = &layers_};
+            .layers = &layers_,
+            .tensor = detail::tensor_context_of(*exec_)};
   }
 
   // A fresh run, or the newest checkpoint of this run continued (resume), said in the log.
@@ -480,7 +481,8 @@ class trainer {
   // An uninitialised parameter store, sharded as the executor asks.
   model::param_store fresh_store() const {
     return detail::make_param_store(model_, executor_type::shards(cfg_, comm_ ? comm_->size() : 1),
-                                    parallel_policy::name, layers_);
+                                    parallel_policy::name, layers_,
+                                    detail::tensor_place_of<executor_type>(cfg_, comm_));
   }
 
   // This run's checkpoint directory, keeping checkpoint_keep of them.

@@ -23,7 +23,7 @@
 #ifndef XXH_INLINE_ALL
 #define XXH_INLINE_ALL
 #endif
-#include <xxhash.h>
+#include "strata/core/digest.hpp"
 
 #include "strata/comm/any_comm.hpp"
 #include "strata/config/policy_keys.hpp"
@@ -86,14 +86,6 @@ struct trainer_options {
 
   friend bool operator==(const trainer_options&, const trainer_options&) = default;
 };
-
-// The xxh3 of a float range, as 16 hex digits.
-inline std::string xxh3_hex(std::span<const float> values) {
-  const XXH64_hash_t h = XXH3_64bits(values.data(), values.size_bytes());
-  char text[17];
-  std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(h));
-  return text;
-}
 
 namespace detail {
 
@@ -390,28 +382,70 @@ std::vector<model::param_entry> whole_model_entries(const Model& m,
 
 // The model's parameter store (the layers in `layers` only, when not empty), padded to `shards`
 // equal shards when the parallel policy (`policy`, for the message) shards the optimizer state.
+// With tensor parallelism (`place`), the slices of this rank.
 template <class Model>
 model::param_store make_param_store(const Model& m, int shards, std::string_view policy,
-                                    const std::vector<model::layer_range>& layers = {}) {
+                                    const std::vector<model::layer_range>& layers = {},
+                                    const model::tensor_place& place = {}) {
+  const auto multiple = static_cast<std::size_t>(shards) * 16;
   if (!layers.empty()) {
     if constexpr (runs_layer_ranges<Model>) {
-      return m.make_params(
-          model::param_store_config{.size_multiple = static_cast<std::size_t>(shards) * 16},
-          layers);
+      return m.make_params({.size_multiple = multiple, .tensor = place}, layers);
     }
   }
-  if (shards <= 1) {
+  // Padding only where the optimizer state is sharded: a store like one rank's.
+  const model::param_store_config config{.size_multiple = shards > 1 ? multiple : 1,
+                                         .tensor = place};
+  if (shards <= 1 && place.size == 1) {
     return m.make_params();
   }
   if constexpr (requires { m.make_params(model::param_store_config{}); }) {
-    return m.make_params(
-        model::param_store_config{.size_multiple = static_cast<std::size_t>(shards) * 16});
+    return m.make_params(config);
   } else {
     throw std::invalid_argument(
         "parallel policy " + std::string(policy) + " cuts the parameters into " +
         std::to_string(shards) +
         " shards: the model's make_params must take a param_store_config (sequential's does), "
         "to pad them to equal shards");
+  }
+}
+
+// The job's communicator as the executor orders its ranks (a mesh: tensor groups together).
+template <class Executor>
+std::optional<comm::any_comm> arranged_comm(std::optional<comm::any_comm> comm,
+                                            const config::train_config& cfg) {
+  if constexpr (requires(comm::any_comm & c) {
+                  { Executor::arrange(c, cfg) } -> std::same_as<comm::any_comm>;
+                }) {
+    if (comm) {
+      return Executor::arrange(*comm, cfg);
+    }
+  }
+  return comm;
+}
+
+// This rank's place in its tensor-parallel group (a group of one unless the executor says).
+template <class Executor>
+model::tensor_place tensor_place_of(const config::train_config& cfg,
+                                    const std::optional<comm::any_comm>& comm) {
+  if constexpr (requires {
+                  { Executor::tensor_place(cfg, 1, 0) } -> std::same_as<model::tensor_place>;
+                }) {
+    return Executor::tensor_place(cfg, comm ? comm->size() : 1, comm ? comm->rank() : 0);
+  } else {
+    return {};
+  }
+}
+
+// The tensor-parallel group the layers reach (none unless the executor has one).
+template <class Executor>
+model::tensor_context tensor_context_of(Executor& e) {
+  if constexpr (requires {
+                  { e.tensor_context() } -> std::same_as<model::tensor_context>;
+                }) {
+    return e.tensor_context();
+  } else {
+    return {};
   }
 }
 

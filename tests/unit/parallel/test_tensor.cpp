@@ -5,11 +5,17 @@
 // and losses over SGD steps, from the same initial slices; sizes that do not split are named.
 #include "strata/parallel/tensor.hpp"
 
+#include "strata/parallel/tensor_parallel.hpp"
+
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <filesystem>
+#include <limits>
+#include <map>
 #include <mutex>
 #include <span>
 #include <stdexcept>
@@ -17,9 +23,12 @@
 #include <utility>
 #include <vector>
 
+#include "strata/comm/any_comm.hpp"
 #include "strata/comm/threads.hpp"
+#include "strata/config/train_config.hpp"
 #include "strata/core/rng.hpp"
 #include "strata/core/shape.hpp"
+#include "strata/data/transforms.hpp"
 #include "strata/model/activations.hpp"
 #include "strata/model/attention.hpp"
 #include "strata/model/layer_norm.hpp"
@@ -30,6 +39,10 @@
 #include "strata/model/sequential.hpp"
 #include "strata/model/softmax_cross_entropy.hpp"
 #include "strata/model/token_mean.hpp"
+#include "strata/parallel/data.hpp"
+#include "strata/parallel/pipeline.hpp"
+#include "strata/pipeline/one_f_one_b.hpp"
+#include "strata/train/trainer.hpp"
 #include "unit/model/gradient_check.hpp"
 
 namespace {
@@ -50,7 +63,8 @@ std::vector<float> random_values(std::size_t n, std::uint64_t seed) {
 auto small_vit() {
   constexpr std::size_t d = 16;
   return sm::sequential(
-      sample_shape{.channels = 1, .height = 8, .width = 8}, sm::patch_embedding{.patch = 4, .dim = d},
+      sample_shape{.channels = 1, .height = 8, .width = 8},
+      sm::patch_embedding{.patch = 4, .dim = d},
       sm::residual{sm::layer_norm{.features = d}, sm::self_attention{.dim = d, .heads = 4}},
       sm::residual{sm::layer_norm{.features = d}, sp::parallel_mlp{.dim = d, .hidden = 32}},
       sm::layer_norm{.features = d}, sm::token_mean{}, sm::linear{.in = d, .out = 4});
@@ -158,8 +172,8 @@ void check_tensor_parallel_equals_one(const Model& m, int tp) {
   });
   for (int rank = 0; rank < tp; ++rank) {
     CAPTURE(rank);
-    const auto part = m.make_params({.tensor = {.rank = static_cast<std::size_t>(rank),
-                                                .size = static_cast<std::size_t>(tp)}});
+    const auto part = m.make_params(
+        {.tensor = {.rank = static_cast<std::size_t>(rank), .size = static_cast<std::size_t>(tp)}});
     const run_record& r = ranks[static_cast<std::size_t>(rank)];
     // The same initial model, sliced.
     CHECK(r.initial == slices_of(whole, one.initial, part));
@@ -195,7 +209,9 @@ TEST_CASE("tensor parallelism: tp 2 and 4 give tp 1's model, outputs, gradients 
     SUBCASE("a small vision transformer (heads and MLP split)") {
       check_tensor_parallel_equals_one(small_vit(), tp);
     }
-    SUBCASE("column then row parallel linear") { check_tensor_parallel_equals_one(column_row(), tp); }
+    SUBCASE("column then row parallel linear") {
+      check_tensor_parallel_equals_one(column_row(), tp);
+    }
   }
 }
 
@@ -250,14 +266,230 @@ TEST_CASE("tensor parallelism: the input gradient is whole on every rank") {
 
 TEST_CASE("tensor parallelism: sizes that do not split name the layer or the parameter") {
   const sm::self_attention attn{.dim = 12, .heads = 3};
-  CHECK_THROWS_WITH_AS(
-      (void)attn.workspace_elements({.channels = 1, .height = 2, .width = 12}, 1, {.rank = 0, .size = 2}),
-      doctest::Contains("3 heads do not split over tensor_parallel_size = 2"),
-      std::invalid_argument);
+  CHECK_THROWS_WITH_AS((void)attn.workspace_elements({.channels = 1, .height = 2, .width = 12}, 1,
+                                                     {.rank = 0, .size = 2}),
+                       doctest::Contains("3 heads do not split over tensor_parallel_size = 2"),
+                       std::invalid_argument);
   const sp::parallel_mlp mlp{.dim = 4, .hidden = 6};
   const sample_shape in{.channels = 1, .height = 1, .width = 4};
-  CHECK_THROWS_WITH_AS(sm::param_store({"0"}, {mlp.parameters(in)}, {.tensor = {.rank = 0, .size = 4}}),
-                       doctest::Contains("parameter 'up_weight' has 6 rows, not a multiple of "
-                                         "tensor_parallel_size = 4"),
-                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(
+      sm::param_store({"0"}, {mlp.parameters(in)}, {.tensor = {.rank = 0, .size = 4}}),
+      doctest::Contains("parameter 'up_weight' has 6 rows, not a multiple of "
+                        "tensor_parallel_size = 4"),
+      std::invalid_argument);
+}
+
+// ---- through the trainer: the dp x tp x pp mesh -------------------------------------------------
+
+namespace {
+
+namespace st = strata::train;
+namespace fs = std::filesystem;
+
+// The blobs task (tests' common four classes) as 4 x 4 images: 16 values per sample, class c
+// centred at 2 on elements c, c + 4, c + 8 and c + 12.
+struct blob_images {
+  using dataset_category = strata::data::dataset_tag;
+  std::size_t n = 512;
+  std::uint64_t salt = 0;
+  std::size_t size() const { return n; }
+  sample_shape shape() const { return {.channels = 1, .height = 4, .width = 4}; }
+  std::int32_t read(std::size_t i, std::span<float> out) const {
+    const auto label = static_cast<std::int32_t>(i % 4);
+    strata::rng_stream rng = strata::rng_stream::for_sample(77 + salt, 0, i);
+    for (std::size_t e = 0; e < 16; ++e) {
+      const float centre = (e % 4 == static_cast<std::size_t>(label)) ? 2.0f : 0.0f;
+      out[e] = centre + 0.7f * rng.normal_float();
+    }
+    return label;
+  }
+};
+
+auto image_vit() {
+  constexpr std::size_t d = 16;
+  return sm::sequential(
+      sample_shape{.channels = 1, .height = 4, .width = 4},
+      sm::patch_embedding{.patch = 2, .dim = d},
+      sm::residual{sm::layer_norm{.features = d}, sm::self_attention{.dim = d, .heads = 4}},
+      sm::residual{sm::layer_norm{.features = d}, sp::parallel_mlp{.dim = d, .hidden = 32}},
+      sm::residual{sm::layer_norm{.features = d}, sm::self_attention{.dim = d, .heads = 4}},
+      sm::layer_norm{.features = d}, sm::token_mean{}, sm::linear{.in = d, .out = 4});
+}
+using vit_t = decltype(image_vit());
+
+strata::config::train_config mesh_config(const std::string& name) {
+  const fs::path dir = fs::path(STRATA_TEST_WORK_DIR) / "tensor" / name;
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  strata::config::train_config cfg;
+  cfg.epochs = 2;
+  cfg.batch_size_per_gpu = 32;
+  cfg.lr = 0.05;
+  cfg.loader_workers = 1;
+  cfg.checkpoint_dir = (dir / "ckpt").string();
+  cfg.checkpoint_interval = 1;
+  return cfg;
+}
+
+// Rank 0's step losses, the test accuracy, and every tensor whole (assembled from the slices,
+// checked alike on every rank that holds it).
+struct mesh_outcome {
+  std::vector<double> losses;
+  double test_accuracy = 0.0;
+  std::string digest;
+  std::map<std::string, std::vector<float>> tensors;
+};
+
+template <class Trainer>
+st::fit_summary fit_images(Trainer& t, std::vector<double>* losses) {
+  if (losses != nullptr) {
+    t.on_step([losses](const st::step_metrics& m) { losses->push_back(m.loss); });
+  }
+  return t.fit(blob_images{.n = 384}, strata::data::identity{}, blob_images{.n = 128, .salt = 1},
+               strata::data::identity{});
+}
+
+// Adds rank's slices into the whole tensors (a tensor another rank placed must agree where
+// both hold it).
+void place_slices(const sm::param_store& p, std::map<std::string, std::vector<float>>& whole,
+                  std::map<std::string, std::vector<char>>& placed) {
+  for (const sm::param_entry& e : p.entries()) {
+    auto& w = whole[e.name];
+    auto& done = placed[e.name];
+    w.resize(e.global.elements(), 0.0f);
+    done.resize(e.global.elements(), 0);
+    std::vector<float> mine(e.global.elements(), std::numeric_limits<float>::quiet_NaN());
+    sm::param_store::place_slice(e, p.value(e.name), mine);
+    for (std::size_t i = 0; i < mine.size(); ++i) {
+      if (std::isnan(mine[i])) {
+        continue;
+      }
+      if (done[i] != 0) {
+        CHECK(w[i] == mine[i]);
+      }
+      w[i] = mine[i];
+      done[i] = 1;
+    }
+  }
+}
+
+mesh_outcome one_rank_vit(strata::config::train_config cfg) {
+  mesh_outcome out;
+  st::trainer<vit_t> t(image_vit(), cfg, {.print_progress = false});
+  const auto summary = fit_images(t, &out.losses);
+  out.test_accuracy = summary.test_accuracy;
+  out.digest = summary.params_xxh3;
+  std::map<std::string, std::vector<char>> placed;
+  place_slices(t.params(), out.tensors, placed);
+  return out;
+}
+
+template <class Policy>
+mesh_outcome mesh_vit(int ranks, strata::config::train_config cfg) {
+  cfg.world_size = ranks;
+  mesh_outcome out;
+  std::map<std::string, std::vector<char>> placed;
+  std::mutex lock;
+  strata::comm::threads::run(ranks, [&](strata::comm::threads& c) {
+    st::trainer<vit_t, Policy> t(image_vit(), cfg, strata::comm::any_comm(c),
+                                 {.print_progress = false});
+    std::vector<double> losses;
+    const auto summary = fit_images(t, c.rank() == 0 ? &losses : nullptr);
+    const std::lock_guard guard(lock);
+    if (c.rank() == 0) {
+      out.losses = losses;
+      out.test_accuracy = summary.test_accuracy;
+      out.digest = summary.params_xxh3;
+    }
+    place_slices(t.params(), out.tensors, placed);
+  });
+  for (const auto& [name, done] : placed) {
+    CAPTURE(name);
+    CHECK(std::count(done.begin(), done.end(), 0) == 0);  // every element held by some rank
+  }
+  return out;
+}
+
+void check_same(const mesh_outcome& a, const mesh_outcome& b) {
+  REQUIRE(a.losses.size() == b.losses.size());
+  for (std::size_t i = 0; i < a.losses.size(); ++i) {
+    CAPTURE(i);
+    CHECK(a.losses[i] == doctest::Approx(b.losses[i]).epsilon(1e-5));
+  }
+  CHECK(a.test_accuracy == b.test_accuracy);
+  REQUIRE(a.tensors.size() == b.tensors.size());
+  for (const auto& [name, values] : a.tensors) {
+    CAPTURE(name);
+    check_close(values, b.tensors.at(name), 1e-4, "parameters");
+  }
+}
+
+}  // namespace
+
+TEST_CASE("mesh through the trainer: dp x tp x pp layouts of 4 thread ranks train the ViT as one") {
+  auto cfg = mesh_config("one");
+  cfg.batch_size_per_gpu = 64;
+  const mesh_outcome one = one_rank_vit(cfg);
+  CHECK(one.losses.back() < one.losses.front());
+  SUBCASE("tp 4") {
+    auto c = mesh_config("tp4");
+    c.batch_size_per_gpu = 64;
+    c.tensor_parallel_size = 4;
+    const mesh_outcome m = mesh_vit<sp::tensor<sp::data<>>>(4, c);
+    check_same(m, one);
+    // The digest of the whole parameters: one rank's, when the parameters are its bits.
+    CHECK(m.digest.size() == 16);
+  }
+  SUBCASE("dp 2 x tp 2") {
+    auto c = mesh_config("dp2tp2");
+    c.tensor_parallel_size = 2;
+    check_same(mesh_vit<sp::tensor<sp::data<>>>(4, c), one);
+  }
+  SUBCASE("tp 2 x pp 2") {
+    auto c = mesh_config("tp2pp2");
+    c.batch_size_per_gpu = 64;
+    c.tensor_parallel_size = 2;
+    c.pipeline_parallel_size = 2;
+    c.micro_batches = 2;
+    c.pipeline_schedule = strata::config::pipeline_schedule_kind::one_f_one_b;
+    check_same(mesh_vit<sp::tensor<sp::pipeline<strata::pipeline::one_f_one_b>>>(4, c), one);
+  }
+}
+
+TEST_CASE("mesh through the trainer: tp 2 x dp 2 resumes bit for bit") {
+  auto cfg = mesh_config("resume");
+  cfg.world_size = 4;
+  cfg.tensor_parallel_size = 2;
+  using policy = sp::tensor<sp::data<>>;
+  const mesh_outcome whole = mesh_vit<policy>(4, cfg);
+  // Stopped mid-epoch (6 steps an epoch), then resumed by new trainers.
+  auto first = mesh_config("resume_parts");
+  first.world_size = 4;
+  first.tensor_parallel_size = 2;
+  first.max_steps = 4;
+  (void)mesh_vit<policy>(4, first);
+  first.max_steps = 0;
+  first.resume = strata::config::resume_mode::required;
+  const mesh_outcome rest = mesh_vit<policy>(4, first);
+  REQUIRE(rest.losses.size() + 4 == whole.losses.size());
+  for (std::size_t i = 0; i < rest.losses.size(); ++i) {
+    CHECK(rest.losses[i] == whole.losses[4 + i]);
+  }
+  CHECK(rest.digest == whole.digest);
+  CHECK(rest.tensors == whole.tensors);
+}
+
+TEST_CASE("mesh through the trainer: the whole parameters' digest equals one rank's store") {
+  // tp 2 alone (dp 1): the slices together are one rank's store of the same values.
+  auto cfg = mesh_config("digest");
+  cfg.tensor_parallel_size = 2;
+  cfg.epochs = 1;
+  const mesh_outcome m = mesh_vit<sp::tensor<sp::data<>>>(2, cfg);
+  const vit_t model = image_vit();
+  auto store = model.make_params();
+  for (const auto& e : store.entries()) {
+    const auto& v = m.tensors.at(e.name);
+    std::copy(v.begin(), v.end(), store.value(e.name).begin());
+  }
+  CHECK(m.digest == strata::xxh3_hex(store.values()));
 }
