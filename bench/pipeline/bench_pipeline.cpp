@@ -34,6 +34,7 @@
 #include <nlohmann/json.hpp>
 
 #include "../common/args.hpp"
+#include "../common/machine.hpp"
 #include "strata/comm/threads.hpp"
 #include "strata/data/idx.hpp"
 #include "strata/data/transforms.hpp"
@@ -98,18 +99,6 @@ options parse(int argc, char** argv) {
     std::exit(2);
   }
   return o;
-}
-
-std::string cpu_model() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.starts_with("model name")) {
-      const auto colon = line.find(':');
-      return colon == std::string::npos ? line : line.substr(colon + 2);
-    }
-  }
-  return "unknown CPU";
 }
 
 double median(std::vector<double> v) {
@@ -352,7 +341,7 @@ int main(int argc, char** argv) {
       "# pipeline schedules over sleeping stages (unit %.1f ms: F 1, B 1, W 1; whole "
       "backward 2), median of %zu runs\n",
       o.unit_ms, o.repeats);
-  std::printf("# CPU: %s, %u hardware threads\n", cpu_model().c_str(),
+  std::printf("# CPU: %s, %u hardware threads\n", bench::cpu_model().c_str(),
               std::thread::hardware_concurrency());
   std::printf("%-16s %6s %6s %10s %10s %10s %8s %10s %10s %12s\n", "schedule", "p", "m", "measured",
               "theory", "simulated", "diff", "peak", "peak_thy", "makespan_ms");
@@ -432,7 +421,7 @@ int main(int argc, char** argv) {
                               {"ratio", r.ratio},
                               {"bubble_per_stage", r.bubble_per_stage}});
     }
-    std::ofstream(o.json_path) << nlohmann::json{{"cpu", cpu_model()},
+    std::ofstream(o.json_path) << nlohmann::json{{"cpu", bench::cpu_model()},
                                                  {"unit_ms", o.unit_ms},
                                                  {"rows", out_rows},
                                                  {"compute", compute_rows}}

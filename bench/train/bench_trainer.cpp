@@ -40,6 +40,7 @@
 #include <nlohmann/json.hpp>
 
 #include "../common/args.hpp"
+#include "../common/machine.hpp"
 
 #include "strata/data/idx.hpp"
 #include "strata/data/prefetch_loader.hpp"
@@ -274,18 +275,6 @@ double step_gemm_seconds(sm::gemm_provider p, std::size_t batch, bool bf16 = fal
   return best;
 }
 
-std::string cpu_model() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.starts_with("model name")) {
-      const auto colon = line.find(':');
-      return colon == std::string::npos ? line : line.substr(colon + 2);
-    }
-  }
-  return "unknown CPU";
-}
-
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
@@ -302,7 +291,7 @@ int main(int argc, char** argv) {
       "# MLP 784-1024-1024-10 training on Fashion-MNIST, batch %zu, %zu timed steps after "
       "%zu, median of %zu runs\n",
       o.batch, o.steps, o.warmup, o.repeats);
-  std::printf("# CPU: %s; %s\n", cpu_model().c_str(), strata::describe(env.cpu).c_str());
+  std::printf("# CPU: %s; %s\n", bench::cpu_model().c_str(), strata::describe(env.cpu).c_str());
   std::printf(
       "# built for %s vectors%s%s\n", strata::to_string(strata::compiled_isa()),
       strata::compiled_isa() < strata::widest_isa(env.cpu) ? ": " : "",
@@ -448,7 +437,7 @@ int main(int argc, char** argv) {
   }
   if (!o.json_path.empty()) {
     std::ofstream(o.json_path) << nlohmann::json{{"batch", o.batch},
-                                                 {"cpu", cpu_model()},
+                                                 {"cpu", bench::cpu_model()},
                                                  {"isa", strata::describe(env.cpu)},
                                                  {"rows", rows}}
                                       .dump(2)

@@ -2,7 +2,9 @@
 // parallel::pipeline over Open MPI: the stages of one job (pp = N, and dp 2 x pp 2 on 4 ranks)
 // train like one process (computed in every process as the reference: losses of every step, each
 // stage's tensors against the reference's of the same name), and a second job resumes from the
-// checkpoint rank 0 wrote with the same parameters.
+// checkpoint rank 0 wrote with the same parameters. The same for the mesh (parallel::tensor):
+// tp 2 on 2 ranks, dp 2 x tp 2 and tp 2 x pp 2 on 4, on a small vision transformer (each rank's
+// slices against the reference's).
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -17,10 +19,12 @@
 #include "strata/comm/mpi.hpp"
 #include "strata/data/transforms.hpp"
 #include "strata/parallel/pipeline.hpp"
+#include "strata/parallel/tensor_parallel.hpp"
 #include "strata/pipeline.hpp"
 #include "strata/train/trainer.hpp"
 
 #include "unit/common/blobs.hpp"
+#include "unit/common/vit.hpp"
 
 namespace fs = std::filesystem;
 namespace sd = strata::data;
@@ -107,7 +111,82 @@ void check_pipeline(int stages, strata::config::pipeline_schedule_kind kind) {
   CHECK(r.params_xxh3 == s.params_xxh3);
 }
 
+template <class Policy>
+void check_mesh(int tp, int pp) {
+  using strata::test::blob_images;
+  using vit_t = decltype(strata::test::image_vit());
+  auto comm = mpi::world();
+  const int ranks = comm.size();
+  const int replicas = ranks / (tp * pp);
+  const std::string name = "mesh-tp" + std::to_string(tp) + "-pp" + std::to_string(pp);
+  INFO(name);
+  auto one_cfg = base_config(name + "-reference", false);
+  one_cfg.batch_size_per_gpu = 32 * replicas;
+  std::vector<double> one_losses;
+  st::trainer<vit_t> one(strata::test::image_vit(), one_cfg,
+                         {.print_progress = false, .independent_processes = true});
+  one.on_step([&](const st::step_metrics& m) { one_losses.push_back(m.loss); });
+  one.fit(blob_images{}, sd::identity{}, blob_images{.n = 256, .salt = 1}, sd::identity{});
+
+  auto cfg = base_config(name, true);
+  cfg.world_size = ranks;
+  cfg.communication_backend = strata::config::comm_backend_kind::mpi;
+  cfg.tensor_parallel_size = tp;
+  cfg.pipeline_parallel_size = pp;
+  if (pp > 1) {
+    cfg.pipeline_schedule = strata::config::pipeline_schedule_kind::one_f_one_b;
+    cfg.micro_batches = 2;
+    // The second job must cut the stages as the first did (a probe may not).
+    cfg.policy["pipeline_balance"] = "estimated";
+  }
+  using trainer_t = st::trainer<vit_t, Policy>;
+  std::vector<double> losses;
+  trainer_t t(strata::test::image_vit(), cfg, strata::comm::any_comm(comm),
+              {.print_progress = false});
+  t.on_step([&](const st::step_metrics& m) { losses.push_back(m.loss); });
+  const st::fit_summary s =
+      t.fit(blob_images{}, sd::identity{}, blob_images{.n = 256, .salt = 1}, sd::identity{});
+  REQUIRE(losses.size() == one_losses.size());
+  for (std::size_t i = 0; i < losses.size(); ++i) {
+    CHECK(losses[i] == doctest::Approx(one_losses[i]).epsilon(1e-5));
+  }
+  // This rank's slices against the same slices of the reference's whole tensors.
+  double worst = 0.0;
+  for (const auto& e : t.params().entries()) {
+    const auto mine = t.params().value(e.name);
+    std::vector<float> theirs(mine.size());
+    strata::model::param_store::copy_slice(e, one.params().value(e.name), theirs);
+    for (std::size_t i = 0; i < mine.size(); ++i) {
+      worst = std::max(worst, static_cast<double>(std::abs(mine[i] - theirs[i])));
+    }
+  }
+  CHECK(worst < 1e-4);
+  CHECK(s.test_accuracy ==
+        doctest::Approx(one.evaluate(blob_images{.n = 256, .salt = 1}, sd::identity{}).accuracy)
+            .epsilon(1e-6));
+
+  // A second job resumes from the final checkpoint: every tensor rank's slices come back.
+  trainer_t again(strata::test::image_vit(), cfg, strata::comm::any_comm(comm),
+                  {.print_progress = false});
+  const st::fit_summary r =
+      again.fit(blob_images{}, sd::identity{}, blob_images{.n = 256, .salt = 1}, sd::identity{});
+  CHECK_FALSE(r.resumed_from.empty());
+  CHECK(r.params_xxh3 == s.params_xxh3);
+}
+
 }  // namespace
+
+TEST_CASE("the dp x tp x pp mesh over MPI trains like one process and resumes") {
+  using strata::parallel::tensor;
+  const int ranks = mpi::world().size();
+  if (ranks == 2) {
+    check_mesh<tensor<strata::parallel::data<>>>(2, 1);
+  }
+  if (ranks == 4) {
+    check_mesh<tensor<strata::parallel::data<>>>(2, 1);  // dp 2 x tp 2
+    check_mesh<tensor<strata::parallel::pipeline<pl::one_f_one_b>>>(2, 2);
+  }
+}
 
 TEST_CASE("pipelines over MPI train like one process and resume") {
   const int ranks = mpi::world().size();

@@ -362,7 +362,7 @@ constexpr void visit_keys(Visitor&& v) {
   v(int_key{"data_parallel_size", &c::data_parallel_size, 0, 1 << 16,
             "Data-parallel ranks; 0 = world_size / (tensor x pipeline)."});
   v(int_key{"tensor_parallel_size", &c::tensor_parallel_size, 1, 1 << 16,
-            "Ranks splitting each layer (Megatron column/row)."});
+            "Ranks splitting each tensor-parallel layer (parallel::tensor<...>; 1 elsewhere)."});
   v(int_key{"pipeline_parallel_size", &c::pipeline_parallel_size, 1, 1 << 16, "Pipeline stages."});
   v(enum_key<pipeline_schedule_kind>{"pipeline_schedule", &c::pipeline_schedule,
                                      "Order of forward and backward micro-batches."});

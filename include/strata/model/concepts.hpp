@@ -576,6 +576,19 @@ constexpr bool check_model() {
   return true;
 }
 
+// What a container asks for a layer's saved state: layer_traits' form taking the tensor place
+// (requirement 10) where the traits have it (a specialization of tier 2 may not), else the
+// place-free one.
+template <class L>
+std::size_t layer_workspace_elements(const L& l, const sample_shape& in, std::size_t batch,
+                                     const tensor_place& place) {
+  if constexpr (requires { layer_traits<L>::workspace_elements(l, in, batch, place); }) {
+    return layer_traits<L>::workspace_elements(l, in, batch, place);
+  } else {
+    return layer_traits<L>::workspace_elements(l, in, batch);
+  }
+}
+
 template <class L>
 constexpr bool check_layer() {
   static_assert(layer_tagged<L>,

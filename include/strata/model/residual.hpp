@@ -199,7 +199,7 @@ struct residual {
       p.output[I] = at;
       at += batch * p.shapes[I + 1].elements();
       p.saved[I] = at;
-      p.saved_size[I] = layer_traits<inner_t<I>>::workspace_elements(l, p.shapes[I], batch, place);
+      p.saved_size[I] = layer_workspace_elements(l, p.shapes[I], batch, place);
       at += p.saved_size[I];
       std::size_t params = 0;
       for (const param_spec& spec : layer_traits<inner_t<I>>::parameters(l, p.shapes[I])) {

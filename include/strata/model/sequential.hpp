@@ -505,8 +505,7 @@ class sequential {
   template <class L>
   std::span<float> saved_of(sequential_workspace& w, std::size_t i, const L& l,
                             std::size_t batch) const {
-    const std::size_t n =
-        layer_traits<L>::workspace_elements(l, shapes_[i], batch, w.config_.tensor);
+    const std::size_t n = layer_workspace_elements(l, shapes_[i], batch, w.config_.tensor);
     return std::span<float>(w.saved_[i], n);
   }
 
@@ -562,8 +561,7 @@ class sequential {
     std::array<bool, layer_count> splits{};
     const auto groups = parameter_groups();
     for_each_layer([&]<std::size_t I>(const auto& l) {
-      saved_sizes[I] =
-          layer_traits<layer_t<I>>::workspace_elements(l, shapes_[I], batch, config.tensor);
+      saved_sizes[I] = layer_workspace_elements(l, shapes_[I], batch, config.tensor);
       splits[I] = layer_splits_backward<layer_t<I>>() && !groups[I].empty();
     });
     const std::size_t k = config.checkpoint_every;

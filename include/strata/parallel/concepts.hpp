@@ -175,6 +175,14 @@ inline void refuse_foreign_keys(const parallel_keys& k, const config::train_conf
                                   "parallel::compress::topk> to match"
                                 : "; compression needs several ranks (parallel::data)"));
     }
+    if (cfg.tensor_parallel_size != d.tensor_parallel_size) {
+      refuse(
+          "tensor_parallel_size",
+          "tensor_parallel_size = " + std::to_string(cfg.tensor_parallel_size) +
+              " splits layers over ranks (parallel::tensor<Inner>, parallel/tensor_parallel.hpp); "
+              "the trainer's parallel policy is " +
+              std::string(k.parallel));
+    }
     if (!k.pipeline) {
       const char* set = cfg.pipeline_parallel_size != d.pipeline_parallel_size
                             ? "pipeline_parallel_size"

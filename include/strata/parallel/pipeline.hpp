@@ -158,9 +158,6 @@ struct pipeline {
              "rank " + std::to_string(rank) + ": pipeline_parallel_size = " + std::to_string(p) +
                  " does not divide world_size = " + std::to_string(world));
     }
-    if (cfg.tensor_parallel_size != 1) {
-      refuse("tensor_parallel_size", std::string(name) + " runs no tensor parallelism");
-    }
     const auto& names = config::enum_names<config::pipeline_schedule_kind>::names;
     const std::string_view set = names[static_cast<std::size_t>(cfg.pipeline_schedule)];
     const bool shipped = std::find(names.begin(), names.end(), Schedule::name) != names.end();

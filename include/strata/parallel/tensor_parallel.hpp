@@ -85,7 +85,9 @@ inline constexpr auto tensor_name_v = tensor_name<Inner>();
 template <class Inner>
 struct tensor_policy_keys {};
 template <class Inner>
-  requires requires { Inner::config_keys; }
+requires requires {
+  Inner::config_keys;
+}
 struct tensor_policy_keys<Inner> {
   static constexpr auto config_keys = Inner::config_keys;
 };
@@ -104,7 +106,7 @@ inline config::train_config tensor_inner_config(const config::train_config& cfg)
 struct tensor_groups {
   config::train_config inner_cfg;
   mutable std::optional<comm::any_comm> world{};  // the whole job, by mesh position (a handle)
-  std::optional<comm::any_comm> rest{};   // the ranks of this rank's tensor index
+  std::optional<comm::any_comm> rest{};           // the ranks of this rank's tensor index
   std::optional<comm::any_comm> tensor{};
   std::unique_ptr<comm_tensor_group<comm::any_comm>> tensor_comm{};
   int tp = 1;
@@ -199,17 +201,19 @@ class tensor_executor : private detail::tensor_groups, public Policy::inner_poli
   // A pipeline inside: the layers of this rank's stage.
   static std::vector<model::layer_range> rank_layers(const model_outline& m,
                                                      const config::train_config& cfg, int world,
-                                                     int rank)
-    requires requires(const config::train_config& c) { base::rank_layers(m, c, world, rank); }
+                                                     int rank) requires
+      requires(const config::train_config& c) {
+    base::rank_layers(m, c, world, rank);
+  }
   {
     const int tp = static_cast<int>(cfg.tensor_parallel_size);
     return base::rank_layers(m, detail::tensor_inner_config(cfg), world / tp, rank / tp);
   }
-  static std::size_t measures_layers(const config::train_config& cfg)
-    requires requires(const config::train_config& c) { base::measures_layers(c); }
-  {
-    return base::measures_layers(detail::tensor_inner_config(cfg));
+  static std::size_t measures_layers(const config::train_config& cfg) requires
+      requires(const config::train_config& c) {
+    base::measures_layers(c);
   }
+  { return base::measures_layers(detail::tensor_inner_config(cfg)); }
 
   // The tensor ranks hold different slices: nobody broadcasts rank 0's.
   static constexpr bool shares_initial_params = true;
@@ -271,9 +275,8 @@ class tensor_executor : private detail::tensor_groups, public Policy::inner_poli
 
   void restore(const blob_reader& read) {
     const std::string p = prefix();
-    base::restore([&](std::string_view name, std::span<float> into) {
-      read(p + std::string(name), into);
-    });
+    base::restore(
+        [&](std::string_view name, std::span<float> into) { read(p + std::string(name), into); });
   }
 
   // The blob this rank's master parameters are read from.
@@ -286,7 +289,7 @@ class tensor_executor : private detail::tensor_groups, public Policy::inner_poli
     tensor->all_gather(mine.data(), all.data(), mine.size(), dtype::float32);
     const std::vector<float> whole =
         model::gather_whole_values(*master_, all, static_cast<std::size_t>(tp));
-    if constexpr (requires(base& b) { b.params_digest(std::span<const float>(whole)); }) {
+    if constexpr (requires(base & b) { b.params_digest(std::span<const float>(whole)); }) {
       return base::params_digest(whole);
     } else {
       return xxh3_hex(whole);

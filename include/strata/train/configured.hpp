@@ -14,7 +14,8 @@
 //   - precision: precision::fp32, fp16 or bf16 by mixed_precision_dtype (with_precision_policy);
 //   - parallel: world_size 1 is parallel::single_rank; more is the data-parallel policy
 //     with_data_policy names, or with pipeline_parallel_size > 1 (every_policy menu) the
-//     pipeline with_pipeline_policy names, over communication_backend: `threads` runs
+//     pipeline with_pipeline_policy names, or (mesh menu) the dp x tp x pp layout's policy
+//     (tensor_parallel_size > 1: parallel::tensor<...>), over communication_backend: `threads` runs
 //     world_size ranks as threads of this process (rank 0's summary is returned), `mpi` makes
 //     this process one rank of mpiexec's job (where the program links strata::mpi, which defines
 //     STRATA_HAVE_MPI).
@@ -43,6 +44,7 @@
 #include "strata/parallel/data.hpp"
 #include "strata/parallel/pipeline.hpp"
 #include "strata/parallel/single_rank.hpp"
+#include "strata/parallel/tensor_parallel.hpp"
 #include "strata/pipeline.hpp"
 #include "strata/precision/fp32.hpp"
 #include "strata/precision/mixed.hpp"
@@ -57,8 +59,11 @@ namespace strata::train {
 // Which data-parallel policies a program compiles in (each is one trainer type per precision and
 // batch policy, compiled in full):
 //   every_policy     every policy with_data_policy names: 14 trainer types per precision;
-//   all_reduce_only  data<all_reduce> without compression or ZeRO, the one most runs use: 4.
-enum class data_parallel_menu { every_policy, all_reduce_only };
+//   all_reduce_only  data<all_reduce> without compression or ZeRO, the one most runs use: 4;
+//   mesh             the dp x tp x pp mesh of a model with tensor-parallel layers: data<>,
+//                    pipeline<one_f_one_b>, tensor<data<>> and tensor<pipeline<one_f_one_b>>,
+//                    a fixed batch: 4 (and the one-rank trainers).
+enum class data_parallel_menu { every_policy, all_reduce_only, mesh };
 
 namespace detail {
 
@@ -217,6 +222,38 @@ fit_summary train_on_ranks(const Model& model, const config::train_config& cfg, 
   return first;
 }
 
+namespace detail {
+
+// data_parallel_menu::mesh on more than one rank: the layout's policy, a fixed batch.
+template <class Model, class Precision, class Train>
+fit_summary on_mesh(const Model& model, const config::train_config& cfg, Train& train) {
+  check_all_reduce_only(cfg);
+  if (cfg.adaptive_batch) {
+    throw config_error({.key = "adaptive_batch"},
+                       "this program runs the dp x tp x pp mesh with a fixed batch "
+                       "(strata::train::data_parallel_menu::mesh)");
+  }
+  if (cfg.pipeline_parallel_size > 1 &&
+      cfg.pipeline_schedule != config::pipeline_schedule_kind::one_f_one_b) {
+    throw config_error({.key = "pipeline_schedule"},
+                       "this program compiles in pipeline_schedule = one_f_one_b only "
+                       "(strata::train::data_parallel_menu::mesh)");
+  }
+  using pipe = parallel::pipeline<strata::pipeline::one_f_one_b>;
+  const auto on = [&]<class Policy>(std::type_identity<Policy>) {
+    return train_on_ranks<trainer<Model, batch::accumulate, Precision, Policy>>(model, cfg, train);
+  };
+  if (cfg.tensor_parallel_size > 1) {
+    return cfg.pipeline_parallel_size > 1
+               ? on(std::type_identity<parallel::tensor<pipe>>{})
+               : on(std::type_identity<parallel::tensor<parallel::data<>>>{});
+  }
+  return cfg.pipeline_parallel_size > 1 ? on(std::type_identity<pipe>{})
+                                        : on(std::type_identity<parallel::data<>>{});
+}
+
+}  // namespace detail
+
 // Makes the trainer the configuration names and returns train(trainer&) (see the top).
 template <data_parallel_menu Menu = data_parallel_menu::every_policy, class Model, class Train>
 fit_summary train_as_configured(const Model& model, const config::train_config& cfg,
@@ -242,44 +279,48 @@ fit_summary train_as_configured(const Model& model, const config::train_config& 
                          "STRATA_HAVE_MPI; strata's own build: STRATA_ENABLE_MPI=ON)");
     }
 #endif
-    if (cfg.pipeline_parallel_size > 1) {
-      if constexpr (Menu == data_parallel_menu::all_reduce_only) {
-        throw config_error({.key = "pipeline_parallel_size"},
-                           "this program compiles in data<all_reduce> only "
-                           "(strata::train::data_parallel_menu::all_reduce_only), no pipeline");
-      } else {
-        if (cfg.adaptive_batch) {
-          throw config_error({.key = "adaptive_batch"},
-                             "train_as_configured runs pipelines with a fixed batch; the trainer "
-                             "itself takes batch::adaptive with parallel::pipeline");
-        }
-        return with_pipeline_policy(cfg, [&]<class Policy>(std::type_identity<Policy>) {
-          return train_on_ranks<trainer<Model, batch::accumulate, Precision, Policy>>(model, cfg,
-                                                                                      train);
-        });
-      }
-    }
-    return with_data_policy<Menu>(cfg, [&]<class Policy>(std::type_identity<Policy>) {
-      // Runs trainer<Model, Batch, Precision, Policy> on every rank; rank 0's summary.
-      const auto on_ranks = [&]<class Batch>(std::type_identity<Batch>) {
-        return train_on_ranks<trainer<Model, Batch, Precision, Policy>>(model, cfg, train);
-      };
-      if (cfg.adaptive_batch) {
-        // Each trainer type is compiled in full, so the adaptive batch is paired with the two
-        // plain all-reduce policies only; the trainer itself takes it with any of them.
-        if constexpr (std::is_same_v<Policy, parallel::data<>> ||
-                      std::is_same_v<Policy, parallel::zero1>) {
-          return on_ranks(std::type_identity<batch::adaptive>{});
+    if constexpr (Menu == data_parallel_menu::mesh) {
+      return detail::on_mesh<Model, Precision>(model, cfg, train);
+    } else {
+      if (cfg.pipeline_parallel_size > 1) {
+        if constexpr (Menu == data_parallel_menu::all_reduce_only) {
+          throw config_error({.key = "pipeline_parallel_size"},
+                             "this program compiles in data<all_reduce> only "
+                             "(strata::train::data_parallel_menu::all_reduce_only), no pipeline");
         } else {
-          throw config_error(
-              {.key = "adaptive_batch"},
-              "train_as_configured runs adaptive_batch with more than one rank on gradient_sync "
-              "= all_reduce without gradient_compression (zero_stage 0 or 1); set "
-              "adaptive_batch = false for this policy");
+          if (cfg.adaptive_batch) {
+            throw config_error({.key = "adaptive_batch"},
+                               "train_as_configured runs pipelines with a fixed batch; the trainer "
+                               "itself takes batch::adaptive with parallel::pipeline");
+          }
+          return with_pipeline_policy(cfg, [&]<class Policy>(std::type_identity<Policy>) {
+            return train_on_ranks<trainer<Model, batch::accumulate, Precision, Policy>>(model, cfg,
+                                                                                        train);
+          });
         }
       }
-      return on_ranks(std::type_identity<batch::accumulate>{});
-    });
+      return with_data_policy<Menu>(cfg, [&]<class Policy>(std::type_identity<Policy>) {
+        // Runs trainer<Model, Batch, Precision, Policy> on every rank; rank 0's summary.
+        const auto on_ranks = [&]<class Batch>(std::type_identity<Batch>) {
+          return train_on_ranks<trainer<Model, Batch, Precision, Policy>>(model, cfg, train);
+        };
+        if (cfg.adaptive_batch) {
+          // Each trainer type is compiled in full, so the adaptive batch is paired with the two
+          // plain all-reduce policies only; the trainer itself takes it with any of them.
+          if constexpr (std::is_same_v<Policy, parallel::data<>> ||
+                        std::is_same_v<Policy, parallel::zero1>) {
+            return on_ranks(std::type_identity<batch::adaptive>{});
+          } else {
+            throw config_error(
+                {.key = "adaptive_batch"},
+                "train_as_configured runs adaptive_batch with more than one rank on gradient_sync "
+                "= all_reduce without gradient_compression (zero_stage 0 or 1); set "
+                "adaptive_batch = false for this policy");
+          }
+        }
+        return on_ranks(std::type_identity<batch::accumulate>{});
+      });
+    }
   });
 }
 

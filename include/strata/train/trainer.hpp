@@ -116,8 +116,8 @@ class trainer {
         cfg_(std::move(cfg)),
         options_(options),
         comm_(detail::arranged_comm<executor_type>(std::move(comm), cfg_)),
-        layers_(detail::rank_layers_of<executor_type, parallel_policy>(model_, cfg_,
-                                                                       comm_ ? &*comm_ : nullptr)),
+        layers_(detail::rank_layers_of<executor_type, parallel_policy>(
+            model_, cfg_, comm_ ? &*comm_ : nullptr, &layer_split_)),
         params_(fresh_store()),
         optimizer_(policy_ops::checked_optimizer(
             cfg_, comm ? comm->size() : 1, comm ? comm->rank() : 0, options.independent_processes)),
@@ -542,6 +542,9 @@ class trainer {
          .params_xxh3 = xxh3_hex(params_.values()),
          .run = run_.to_json(),
          .so_far = so_far});
+    if (!layer_split_.empty()) {
+      state["layers_per_stage"] = layer_split_;
+    }
     detail::write_checkpoint(store, {.epoch = epoch, .step = next_batch}, state,
                              {.params = params_.values(), .executor_blobs = parts}, rank(), group(),
                              run_, set_aside_pending_, bar);
@@ -553,6 +556,7 @@ class trainer {
       return std::nullopt;
     }
     const nlohmann::json& s = loaded->state;
+    detail::check_layer_split(*loaded, layer_split_);
     loaded->copy_blob(detail::params_blob_of(*exec_), params_.values());
     exec_->restore(
         [&](std::string_view name, std::span<float> into) { loaded->copy_blob(name, into); });
@@ -574,6 +578,7 @@ class trainer {
   config::train_config cfg_;
   trainer_options options_;
   std::optional<comm::any_comm> comm_{};  // parallel::data: this rank's communicator
+  std::string layer_split_{};             // with layers_: every virtual stage's layer count ("3,5")
   // The layers this rank holds when the parallel policy cuts the model (a pipeline's stage);
   // empty: all of them.
   std::vector<model::layer_range> layers_{};

@@ -46,6 +46,9 @@
 
 namespace strata::train {
 
+// The xxh3 of a float range as 16 hex digits (core/digest.hpp), as the summary prints it.
+using strata::xxh3_hex;
+
 // The result of fit().
 struct fit_summary {
   std::uint64_t epochs_done = 0;  // epochs completed, over all runs of the checkpointed job
@@ -267,9 +270,11 @@ struct policies_of {
 // The layers this rank holds when its executor holds part of the model (a pipeline's
 // rank_layers, from the model's outline), after the policy's own check of the configuration;
 // empty: the whole model.
+// `split`: the layers of every virtual stage in model order ("3,5"), as [policy] pipeline_split
+// writes them: the checkpoint records it, so that a resume under another split is refused by name.
 template <class Executor, class Policy, class Model>
 std::vector<model::layer_range> rank_layers_of(const Model& m, const config::train_config& cfg,
-                                               comm::any_comm* comm) {
+                                               comm::any_comm* comm, std::string* split = nullptr) {
   if constexpr (requires(const parallel::model_outline& o) {
                   {
                     Executor::rank_layers(o, cfg, 1, 0)
@@ -291,6 +296,19 @@ std::vector<model::layer_range> rank_layers_of(const Model& m, const config::tra
             comm->all_reduce(outline.seconds.data(), outline.seconds.data(), outline.seconds.size(),
                              dtype::float64, comm::reduce_op::max);
           }
+        }
+      }
+      if (split != nullptr) {
+        std::vector<std::pair<std::size_t, std::size_t>> all;
+        for (int r = 0; r < world; ++r) {
+          for (const model::layer_range& l : Executor::rank_layers(outline, cfg, world, r)) {
+            all.emplace_back(l.first, l.last);
+          }
+        }
+        std::sort(all.begin(), all.end());
+        all.erase(std::unique(all.begin(), all.end()), all.end());
+        for (const auto& [first, last] : all) {
+          *split += (split->empty() ? "" : ",") + std::to_string(last - first);
         }
       }
       return Executor::rank_layers(outline, cfg, world, rank);
@@ -446,6 +464,28 @@ model::tensor_context tensor_context_of(Executor& e) {
     return e.tensor_context();
   } else {
     return {};
+  }
+}
+
+// Throws config_error naming policy.pipeline_split when `checkpoint` was written by stages that
+// held other layers than this run's (`split`, as rank_layers_of gives it): a split balanced from
+// a probe of the layers can come out otherwise in a new process, and a stage's blobs hold its own
+// layers only. Nothing is read or written before it.
+inline void check_layer_split(const loaded_checkpoint& checkpoint, const std::string& split) {
+  const nlohmann::json& s = checkpoint.state;
+  if (split.empty() || !s.contains("layers_per_stage")) {
+    return;
+  }
+  const std::string written = s.at("layers_per_stage").get<std::string>();
+  if (written != split) {
+    throw config_error(
+        {.key = "policy.pipeline_split", .file = {}, .line = 0, .column = 0},
+        "the checkpoint " + checkpoint.info.path.string() + " was written by stages of " + written +
+            " layers, this run's balanced split is " + split +
+            " (pipeline_balance = measured probes the layers anew in every process); a pipeline "
+            "resumes under the split that wrote it (loading under another is not written yet). "
+            "The checkpoint is untouched; runs started with pipeline_balance = \"estimated\" or "
+            "a fixed [policy] pipeline_split cut alike in every process");
   }
 }
 

@@ -527,9 +527,10 @@ TEST_CASE("layer_norm output_shape, parameters, workspace, cost and errors") {
   CHECK_THROWS_WITH_AS(infinite_eps.output_shape({1, 1, 4}),
                        doctest::Contains("eps must be finite and > 0, got inf"),
                        std::invalid_argument);
-  CHECK_THROWS_WITH_AS(norm.output_shape({3, 2, 3}),
-                       doctest::Contains("layer_norm: input 3x2x3 has 18 elements, features is 12"),
-                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(
+      norm.output_shape({3, 2, 3}),
+      doctest::Contains("layer_norm: input 3x2x3 has 18 elements and width 3, features is 12"),
+      std::invalid_argument);
 }
 
 TEST_CASE("layer_norm forward normalises each sample and saves mean and rstd") {

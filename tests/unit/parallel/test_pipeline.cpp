@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
+#include <fstream>
 #include <limits>
 #include <map>
 #include <memory>
@@ -20,12 +21,15 @@
 #include <type_traits>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "strata/comm/threads.hpp"
 #include "strata/data/transforms.hpp"
 #include "strata/model/layers.hpp"
 #include "strata/model/sequential.hpp"
 #include "strata/pipeline.hpp"
 #include "strata/precision/mixed.hpp"
+#include "strata/train/checkpoint.hpp"
 #include "strata/train/trainer.hpp"
 
 #include "../common/blobs.hpp"
@@ -564,4 +568,39 @@ TEST_CASE("layer-wise model parallelism is a pipeline of one micro-batch") {
                                     return c;
                                   }()),
              one_rank(base_config("layerwise_one")));
+}
+
+TEST_CASE("a checkpoint written by stages of other layers is refused by name, not misread") {
+  strata::train::loaded_checkpoint c;
+  c.info.path = "/ckpt/run-1/epoch-1";
+  c.state = nlohmann::json{{"layers_per_stage", "3,5"}};
+  CHECK_NOTHROW(st::detail::check_layer_split(c, "3,5"));
+  CHECK_NOTHROW(st::detail::check_layer_split(c, ""));  // no pipeline: nothing to compare
+  try {
+    st::detail::check_layer_split(c, "4,4");
+    FAIL("a different split was accepted");
+  } catch (const strata::config_error& e) {
+    const std::string m = e.what();
+    CHECK(m.find("policy.pipeline_split") != std::string::npos);
+    CHECK(m.find("/ckpt/run-1/epoch-1 was written by stages of 3,5 layers") != std::string::npos);
+    CHECK(m.find("split is 4,4") != std::string::npos);
+  }
+  // Through the trainer: a pipeline's checkpoint records its split.
+  auto cfg = base_config("split_recorded");
+  cfg.epochs = 1;
+  cfg.pipeline_parallel_size = 2;
+  cfg.micro_batches = 2;
+  cfg.pipeline_schedule = strata::config::pipeline_schedule_kind::one_f_one_b;
+  cfg.policy["pipeline_split"] = "3,5";
+  (void)pipelined<pl::one_f_one_b>(2, cfg);
+  bool found = false;
+  for (const auto& entry : fs::recursive_directory_iterator(cfg.checkpoint_dir)) {
+    if (entry.path().filename() == "manifest.json") {
+      std::ifstream in(entry.path());
+      const auto manifest = nlohmann::json::parse(in);
+      CHECK(manifest.at("state").at("layers_per_stage") == "3,5");
+      found = true;
+    }
+  }
+  CHECK(found);
 }

@@ -43,6 +43,7 @@
 #include "strata/parallel/pipeline.hpp"
 #include "strata/pipeline/one_f_one_b.hpp"
 #include "strata/train/trainer.hpp"
+#include "unit/common/vit.hpp"
 #include "unit/model/gradient_check.hpp"
 
 namespace {
@@ -187,7 +188,83 @@ void check_tensor_parallel_equals_one(const Model& m, int tp) {
   CHECK(one.losses.back() < one.losses.front());
 }
 
+// snippet-begin: user_layer
+// A user's tensor-parallel layer, written outside the library against requirement 10:
+// y = x W^T with W (out x in) split by rows. Each rank computes its outputs, the group
+// all-gathers them; backward, each rank's part of the input gradient is all-reduced.
+struct user_split_linear {
+  using layer_category = sm::layer_tag;
+  std::size_t in = 0;
+  std::size_t out = 0;
+
+  sample_shape output_shape(const sample_shape&) const {
+    return {.channels = 1, .height = 1, .width = out};
+  }
+  std::vector<sm::param_spec> parameters(const sample_shape&) const {
+    return {{.name = "weight",
+             .rows = out,
+             .cols = in,
+             .init = sm::init_kind::xavier_uniform,
+             .fan_in = in,
+             .fan_out = out,
+             .weight_decay = true,
+             .split = sm::tensor_split::rows}};
+  }
+  // Room for every rank's outputs, gathered.
+  std::size_t workspace_elements(const sample_shape&, std::size_t batch,
+                                 const sm::tensor_place&) const {
+    return batch * out;
+  }
+  void forward(const sm::forward_args& a) const {
+    const std::size_t part = out / a.tensor.place.size;  // this rank's rows of W
+    std::vector<float> mine(a.batch * part, 0.0f);
+    for (std::size_t b = 0; b < a.batch; ++b) {
+      for (std::size_t o = 0; o < part; ++o) {
+        for (std::size_t i = 0; i < in; ++i) {
+          mine[b * part + o] += a.params[o * in + i] * a.input[b * in + i];
+        }
+      }
+    }
+    a.tensor.all_gather(mine, a.workspace);  // rank 0's block first
+    for (std::size_t k = 0; k < a.tensor.place.size; ++k) {
+      for (std::size_t b = 0; b < a.batch; ++b) {
+        for (std::size_t o = 0; o < part; ++o) {
+          a.output[b * out + k * part + o] = a.workspace[(k * a.batch + b) * part + o];
+        }
+      }
+    }
+  }
+  void backward(const sm::backward_args& a) const {
+    const std::size_t part = out / a.tensor.place.size;
+    const std::size_t first = a.tensor.place.rank * part;
+    std::fill(a.grad_input.begin(), a.grad_input.end(), 0.0f);
+    for (std::size_t b = 0; b < a.batch; ++b) {
+      for (std::size_t o = 0; o < part; ++o) {
+        const float g = a.grad_output[b * out + first + o];
+        for (std::size_t i = 0; i < in; ++i) {
+          a.grads[o * in + i] += g * a.input[b * in + i];
+          if (!a.grad_input.empty()) {
+            a.grad_input[b * in + i] += g * a.params[o * in + i];
+          }
+        }
+      }
+    }
+    if (!a.grad_input.empty()) {
+      a.tensor.all_reduce_sum(a.grad_input);
+    }
+  }
+};
+// snippet-end: user_layer
+
+auto user_model() {
+  return sm::sequential(sample_shape{.channels = 1, .height = 1, .width = 6},
+                        sm::linear{.in = 6, .out = 6}, user_split_linear{.in = 6, .out = 8},
+                        sm::gelu{}, sm::linear{.in = 8, .out = 4});
+}
+
 }  // namespace
+
+static_assert(sm::check_layer<user_split_linear>());
 
 TEST_CASE("tensor-parallel layers as a group of one: central differences") {
   using sm::testing::check_gradients;
@@ -201,6 +278,10 @@ TEST_CASE("tensor-parallel layers as a group of one: central differences") {
   const auto mlp =
       check_gradients(sp::parallel_mlp{.dim = 6, .hidden = 8}, {.batch = 2, .in_shape = tokens});
   CHECK_MESSAGE(mlp.passed(), mlp.report());
+  const auto user =
+      check_gradients(user_split_linear{.in = 5, .out = 4},
+                      {.batch = 3, .in_shape = {.channels = 1, .height = 1, .width = 5}});
+  CHECK_MESSAGE(user.passed(), user.report());
 }
 
 TEST_CASE("tensor parallelism: tp 2 and 4 give tp 1's model, outputs, gradients and losses") {
@@ -211,6 +292,9 @@ TEST_CASE("tensor parallelism: tp 2 and 4 give tp 1's model, outputs, gradients 
     }
     SUBCASE("column then row parallel linear") {
       check_tensor_parallel_equals_one(column_row(), tp);
+    }
+    SUBCASE("a user's layer (requirement 10)") {
+      check_tensor_parallel_equals_one(user_model(), tp);
     }
   }
 }
@@ -286,35 +370,8 @@ namespace {
 namespace st = strata::train;
 namespace fs = std::filesystem;
 
-// The blobs task (tests' common four classes) as 4 x 4 images: 16 values per sample, class c
-// centred at 2 on elements c, c + 4, c + 8 and c + 12.
-struct blob_images {
-  using dataset_category = strata::data::dataset_tag;
-  std::size_t n = 512;
-  std::uint64_t salt = 0;
-  std::size_t size() const { return n; }
-  sample_shape shape() const { return {.channels = 1, .height = 4, .width = 4}; }
-  std::int32_t read(std::size_t i, std::span<float> out) const {
-    const auto label = static_cast<std::int32_t>(i % 4);
-    strata::rng_stream rng = strata::rng_stream::for_sample(77 + salt, 0, i);
-    for (std::size_t e = 0; e < 16; ++e) {
-      const float centre = (e % 4 == static_cast<std::size_t>(label)) ? 2.0f : 0.0f;
-      out[e] = centre + 0.7f * rng.normal_float();
-    }
-    return label;
-  }
-};
-
-auto image_vit() {
-  constexpr std::size_t d = 16;
-  return sm::sequential(
-      sample_shape{.channels = 1, .height = 4, .width = 4},
-      sm::patch_embedding{.patch = 2, .dim = d},
-      sm::residual{sm::layer_norm{.features = d}, sm::self_attention{.dim = d, .heads = 4}},
-      sm::residual{sm::layer_norm{.features = d}, sp::parallel_mlp{.dim = d, .hidden = 32}},
-      sm::residual{sm::layer_norm{.features = d}, sm::self_attention{.dim = d, .heads = 4}},
-      sm::layer_norm{.features = d}, sm::token_mean{}, sm::linear{.in = d, .out = 4});
-}
+using strata::test::blob_images;
+using strata::test::image_vit;
 using vit_t = decltype(image_vit());
 
 strata::config::train_config mesh_config(const std::string& name) {
@@ -390,9 +447,13 @@ mesh_outcome mesh_vit(int ranks, strata::config::train_config cfg) {
   mesh_outcome out;
   std::map<std::string, std::vector<char>> placed;
   std::mutex lock;
+  // snippet-begin: mesh
+  // world_size = 4, tensor_parallel_size = 2 (Policy = parallel::tensor<parallel::data<>>: dp 2
+  // x tp 2), or with pipeline_parallel_size = 2 parallel::tensor<parallel::pipeline<...>>
   strata::comm::threads::run(ranks, [&](strata::comm::threads& c) {
     st::trainer<vit_t, Policy> t(image_vit(), cfg, strata::comm::any_comm(c),
                                  {.print_progress = false});
+    // snippet-end: mesh
     std::vector<double> losses;
     const auto summary = fit_images(t, c.rank() == 0 ? &losses : nullptr);
     const std::lock_guard guard(lock);

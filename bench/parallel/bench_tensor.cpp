@@ -1,0 +1,269 @@
+// SPDX-License-Identifier: Apache-2.0
+// What does tensor parallelism give on this machine, and what does it cost in communication and
+// save in memory?
+//
+// 1. A ViT block (residual attention + residual parallel MLP, dim D, 4 D hidden, T tokens, batch
+//    B): forward and backward on 1 thread rank (tp 1) and on 2 thread ranks (tp 2), 1 BLAS
+//    thread each; seconds per pass (median of --repeats), the speedup, and the share of rank 0's
+//    time inside the tensor group's collectives (timed around each all-reduce / all-gather).
+// 2. The whole step of example 04's ViT (dim 64, 16 tokens, batch 128) through the trainer on
+//    synthetic 28 x 28 images: samples per second on 1 rank and on tp 2 (2 thread ranks).
+// 3. Memory per rank of the block model for tp 1, 2, 4: parameters and activation workspace
+//    (floats the store and workspace hold), beside estimate_memory (which counts one rank of a
+//    group of one: the model whole).
+//
+//   build/bench/bench_tensor [--dim 256] [--tokens 64] [--batch 16] [--repeats 7] [--steps 30]
+//
+// Formulas: docs/benchmarks.md.
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "../common/args.hpp"
+#include "../common/machine.hpp"
+#include "strata/comm/any_comm.hpp"
+#include "strata/comm/threads.hpp"
+#include "strata/core/cpu_features.hpp"
+#include "strata/model/gemm.hpp"
+#include "strata/core/rng.hpp"
+#include "strata/model/layers.hpp"
+#include "strata/model/sequential.hpp"
+#include "strata/parallel/data.hpp"
+#include "strata/parallel/tensor.hpp"
+#include "strata/parallel/tensor_parallel.hpp"
+#include "strata/train/estimate_memory.hpp"
+#include "strata/train/trainer.hpp"
+
+namespace sm = strata::model;
+namespace sp = strata::parallel;
+namespace st = strata::train;
+using clock_type = std::chrono::steady_clock;
+
+namespace {
+
+struct options {
+  std::size_t dim = 256;
+  std::size_t tokens = 64;
+  std::size_t batch = 16;
+  std::size_t repeats = 7;
+  std::size_t steps = 30;
+};
+
+options parse(int argc, char** argv) {
+  options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    const auto value = [&] { return bench::next_value(argc, argv, i, "bench_tensor"); };
+    if (a == "--dim") {
+      o.dim = std::stoul(value());
+    } else if (a == "--tokens") {
+      o.tokens = std::stoul(value());
+    } else if (a == "--batch") {
+      o.batch = std::stoul(value());
+    } else if (a == "--repeats") {
+      o.repeats = std::stoul(value());
+    } else if (a == "--steps") {
+      o.steps = std::stoul(value());
+    } else {
+      std::fprintf(stderr, "bench_tensor: unknown option %s\n", a.c_str());
+      std::exit(2);
+    }
+  }
+  return o;
+}
+
+double seconds_since(clock_type::time_point t) {
+  return std::chrono::duration<double>(clock_type::now() - t).count();
+}
+
+auto block_model(const options& o) {
+  return sm::sequential(
+      strata::sample_shape{.channels = 1, .height = o.tokens, .width = o.dim},
+      sm::residual{sm::layer_norm{.features = o.dim}, sm::self_attention{.dim = o.dim, .heads = 8}},
+      sm::residual{sm::layer_norm{.features = o.dim},
+                   sp::parallel_mlp{.dim = o.dim, .hidden = 4 * o.dim}});
+}
+
+// The tensor group, timing its collectives.
+class timed_group final : public sm::tensor_comm {
+ public:
+  explicit timed_group(strata::comm::threads& c) : inner_(c) {}
+  void all_reduce_sum(std::span<float> v) override {
+    const auto t = clock_type::now();
+    inner_.all_reduce_sum(v);
+    seconds += seconds_since(t);
+  }
+  void all_gather(std::span<const float> mine, std::span<float> all) override {
+    const auto t = clock_type::now();
+    inner_.all_gather(mine, all);
+    seconds += seconds_since(t);
+  }
+  double seconds = 0.0;
+
+ private:
+  sp::comm_tensor_group<strata::comm::threads> inner_;
+};
+
+struct block_timing {
+  double step = 0.0;  // median seconds of forward + backward
+  double comm = 0.0;  // rank 0's seconds in collectives, per step (of the median's run)
+};
+
+template <class Model>
+block_timing time_block(const Model& m, const options& o, int tp) {
+  std::vector<double> steps;
+  std::vector<double> comms;
+  std::mutex lock;
+  strata::comm::threads::run(tp, [&](strata::comm::threads& c) {
+    timed_group group(c);
+    const sm::tensor_context ctx{
+        .place = {.rank = static_cast<std::size_t>(c.rank()), .size = static_cast<std::size_t>(tp)},
+        .comm = &group};
+    auto params = m.make_params({.tensor = ctx.place});
+    params.initialize(1);
+    auto work = m.make_workspace(o.batch, {.tensor = ctx.place});
+    std::vector<float> x(o.batch * m.input_shape().elements());
+    strata::rng_stream rng(5);
+    for (float& v : x) {
+      v = rng.uniform(-1.0f, 1.0f);
+    }
+    const std::vector<float> grad(o.batch * m.output_shape().elements(), 0.001f);
+    for (std::size_t r = 0; r < o.repeats + 1; ++r) {
+      c.barrier();
+      group.seconds = 0.0;
+      const auto t = clock_type::now();
+      (void)m.forward(work, params, x, o.batch, {.training = true, .tensor = ctx});
+      m.backward(work, params, grad);
+      const double s = seconds_since(t);
+      if (r > 0 && c.rank() == 0) {  // r = 0 warms up
+        const std::lock_guard g(lock);
+        steps.push_back(s);
+        comms.push_back(group.seconds);
+      }
+    }
+  });
+  std::vector<std::size_t> order(steps.size());
+  for (std::size_t i = 0; i < order.size(); ++i) {
+    order[i] = i;
+  }
+  std::sort(order.begin(), order.end(), [&](auto a, auto b) { return steps[a] < steps[b]; });
+  const std::size_t mid = order[order.size() / 2];
+  return {.step = steps[mid], .comm = comms[mid]};
+}
+
+// Synthetic 28 x 28 images, 10 classes.
+struct noise_images {
+  using dataset_category = strata::data::dataset_tag;
+  std::size_t n = 4096;
+  std::size_t size() const { return n; }
+  strata::sample_shape shape() const { return {.channels = 1, .height = 28, .width = 28}; }
+  std::int32_t read(std::size_t i, std::span<float> out) const {
+    strata::rng_stream rng = strata::rng_stream::for_sample(3, 0, i);
+    for (float& v : out) {
+      v = rng.uniform(-1.0f, 1.0f);
+    }
+    return static_cast<std::int32_t>(i % 10);
+  }
+};
+
+auto example_vit() {
+  constexpr std::size_t d = 64;
+  const auto attention = [] {
+    return sm::residual{sm::layer_norm{.features = d}, sm::self_attention{.dim = d, .heads = 4}};
+  };
+  const auto mlp = [] {
+    return sm::residual{sm::layer_norm{.features = d}, sp::parallel_mlp{.dim = d, .hidden = 128}};
+  };
+  return sm::sequential(strata::sample_shape{.channels = 1, .height = 28, .width = 28},
+                        sm::patch_embedding{.patch = 7, .dim = d}, attention(), mlp(), attention(),
+                        mlp(), attention(), mlp(), attention(), mlp(),
+                        sm::layer_norm{.features = d}, sm::token_mean{},
+                        sm::linear{.in = d, .out = 10});
+}
+
+strata::config::train_config step_config(const options& o, const std::string& name) {
+  strata::config::train_config cfg;
+  cfg.epochs = 1;
+  cfg.batch_size_per_gpu = 128;
+  cfg.max_steps = static_cast<std::int64_t>(o.steps);
+  cfg.max_eval_samples = 1;
+  cfg.loader_workers = 1;
+  cfg.blas_threads = 1;
+  cfg.checkpoint_interval = 0;
+  cfg.optimizer = strata::config::optimizer_kind::adamw;
+  cfg.lr = 0.001;
+  cfg.resume = strata::config::resume_mode::never;
+  cfg.checkpoint_dir = (std::filesystem::temp_directory_path() / "bench_tensor" / name).string();
+  return cfg;
+}
+
+double samples_per_second(const st::fit_summary& s) { return s.samples_per_second; }
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const options o = parse(argc, argv);
+  const sm::gemm_environment env = sm::detect_gemm_environment();
+  std::printf("# CPU: %s; %s; built for %s vectors\n", bench::cpu_model().c_str(),
+              strata::describe(env.cpu).c_str(), strata::to_string(strata::compiled_isa()));
+  sm::set_blas_threads(1);
+  std::printf("# GEMM: %s, 1 thread per rank\n\n", sm::blas_backend().c_str());
+
+  const auto block = block_model(o);
+  std::printf("1. ViT block (dim %zu, %zu tokens, batch %zu, 8 heads, MLP %zu): forward + backward\n",
+              o.dim, o.tokens, o.batch, 4 * o.dim);
+  const block_timing one = time_block(block, o, 1);
+  const block_timing two = time_block(block, o, 2);
+  std::printf("   tp 1: %.3f ms\n", one.step * 1e3);
+  std::printf("   tp 2: %.3f ms, speedup %.2fx, collectives %.1f%% of rank 0's step\n\n",
+              two.step * 1e3, one.step / two.step, 100.0 * two.comm / two.step);
+
+  std::printf("2. example 04's ViT through the trainer (batch 128, %zu steps, synthetic images)\n",
+              o.steps);
+  const auto vit = example_vit();
+  using vit_t = decltype(vit);
+  double single = 0.0;
+  {
+    const auto cfg = step_config(o, "tp1");
+    st::trainer<vit_t> t(vit, cfg, {.print_progress = false});
+    single = samples_per_second(
+        t.fit(noise_images{}, strata::data::identity{}, noise_images{.n = 1}, strata::data::identity{}));
+  }
+  double split = 0.0;
+  {
+    auto cfg = step_config(o, "tp2");
+    cfg.world_size = 2;
+    cfg.tensor_parallel_size = 2;
+    strata::comm::threads::run(2, [&](strata::comm::threads& c) {
+      st::trainer<vit_t, sp::tensor<sp::data<>>> t(vit, cfg, strata::comm::any_comm(c),
+                                                   {.print_progress = false});
+      const auto s = t.fit(noise_images{}, strata::data::identity{}, noise_images{.n = 1},
+                           strata::data::identity{});
+      if (c.rank() == 0) {
+        split = samples_per_second(s);
+      }
+    });
+  }
+  std::printf("   1 rank: %.0f samples/s\n   tp 2:   %.0f samples/s (%.2fx)\n\n", single, split,
+              split / single);
+
+  std::printf("3. memory per rank of the block model, batch %zu (MiB)\n", o.batch);
+  const auto estimate = st::estimate_memory(block, o.batch);
+  std::printf("   estimate_memory (tp 1): parameters %.2f, activations %.2f\n",
+              static_cast<double>(estimate.parameters) / (1 << 20),
+              static_cast<double>(estimate.activations) / (1 << 20));
+  for (const std::size_t tp : {1, 2, 4}) {
+    const sm::tensor_place place{.rank = 0, .size = tp};
+    const auto params = block.make_params({.tensor = place});
+    const auto work = block.make_workspace(o.batch, {.tensor = place});
+    std::printf("   tp %zu: parameters %.2f, workspace %.2f\n", tp,
+                static_cast<double>(params.size() * sizeof(float)) / (1 << 20),
+                static_cast<double>(work.floats() * sizeof(float)) / (1 << 20));
+  }
+  return 0;
+}
