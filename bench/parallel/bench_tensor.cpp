@@ -7,7 +7,8 @@
 //    thread each; seconds per pass (median of --repeats), the speedup, and the share of rank 0's
 //    time inside the tensor group's collectives (timed around each all-reduce / all-gather).
 // 2. The whole step of example 04's ViT (dim 64, 16 tokens, batch 128) through the trainer on
-//    synthetic 28 x 28 images: samples per second on 1 rank and on tp 2 (2 thread ranks).
+//    synthetic 28 x 28 images: samples per second on 1 rank (1 and 2 BLAS threads) and on tp 2
+//    (2 thread ranks, 1 BLAS thread each).
 // 3. Memory per rank of the block model for tp 1, 2, 4: parameters and activation workspace
 //    (floats the store and workspace hold), beside estimate_memory (which counts one rank of a
 //    group of one: the model whole).
@@ -29,8 +30,9 @@
 #include "strata/comm/any_comm.hpp"
 #include "strata/comm/threads.hpp"
 #include "strata/core/cpu_features.hpp"
-#include "strata/model/gemm.hpp"
 #include "strata/core/rng.hpp"
+#include "strata/data/transforms.hpp"
+#include "strata/model/gemm.hpp"
 #include "strata/model/layers.hpp"
 #include "strata/model/sequential.hpp"
 #include "strata/parallel/data.hpp"
@@ -202,7 +204,9 @@ strata::config::train_config step_config(const options& o, const std::string& na
   return cfg;
 }
 
-double samples_per_second(const st::fit_summary& s) { return s.samples_per_second; }
+double samples_per_second(const st::fit_summary& s) {
+  return s.samples_per_second;
+}
 
 }  // namespace
 
@@ -215,8 +219,9 @@ int main(int argc, char** argv) {
   std::printf("# GEMM: %s, 1 thread per rank\n\n", sm::blas_backend().c_str());
 
   const auto block = block_model(o);
-  std::printf("1. ViT block (dim %zu, %zu tokens, batch %zu, 8 heads, MLP %zu): forward + backward\n",
-              o.dim, o.tokens, o.batch, 4 * o.dim);
+  std::printf(
+      "1. ViT block (dim %zu, %zu tokens, batch %zu, 8 heads, MLP %zu): forward + backward\n",
+      o.dim, o.tokens, o.batch, 4 * o.dim);
   const block_timing one = time_block(block, o, 1);
   const block_timing two = time_block(block, o, 2);
   std::printf("   tp 1: %.3f ms\n", one.step * 1e3);
@@ -227,13 +232,17 @@ int main(int argc, char** argv) {
               o.steps);
   const auto vit = example_vit();
   using vit_t = decltype(vit);
-  double single = 0.0;
-  {
-    const auto cfg = step_config(o, "tp1");
+  // One rank on 1 BLAS thread (the same cores per rank as tp 2's ranks), and on 2 (the same
+  // cores in all as tp 2).
+  const auto one_rank = [&](std::int64_t blas_threads) {
+    auto cfg = step_config(o, "tp1");
+    cfg.blas_threads = blas_threads;
     st::trainer<vit_t> t(vit, cfg, {.print_progress = false});
-    single = samples_per_second(
-        t.fit(noise_images{}, strata::data::identity{}, noise_images{.n = 1}, strata::data::identity{}));
-  }
+    return samples_per_second(t.fit(noise_images{}, strata::data::identity{}, noise_images{.n = 1},
+                                    strata::data::identity{}));
+  };
+  const double single = one_rank(1);
+  const double single_two_threads = one_rank(2);
   double split = 0.0;
   {
     auto cfg = step_config(o, "tp2");
@@ -249,8 +258,10 @@ int main(int argc, char** argv) {
       }
     });
   }
-  std::printf("   1 rank: %.0f samples/s\n   tp 2:   %.0f samples/s (%.2fx)\n\n", single, split,
-              split / single);
+  std::printf(
+      "   1 rank, 1 BLAS thread:  %.0f samples/s\n   1 rank, 2 BLAS threads: %.0f samples/s\n"
+      "   tp 2 (1 BLAS thread each): %.0f samples/s (%.2fx 1 thread, %.2fx 2 threads)\n\n",
+      single, single_two_threads, split, split / single, split / single_two_threads);
 
   std::printf("3. memory per rank of the block model, batch %zu (MiB)\n", o.batch);
   const auto estimate = st::estimate_memory(block, o.batch);

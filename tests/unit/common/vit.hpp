@@ -46,14 +46,16 @@ struct blob_images {
 // classified into 4.
 inline auto image_vit() {
   constexpr std::size_t d = 16;
-  return model::sequential(
-      sample_shape{.channels = 1, .height = 4, .width = 4},
-      model::patch_embedding{.patch = 2, .dim = d},
-      model::residual{model::layer_norm{.features = d}, model::self_attention{.dim = d, .heads = 4}},
-      model::residual{model::layer_norm{.features = d},
-                      parallel::parallel_mlp{.dim = d, .hidden = 32}},
-      model::residual{model::layer_norm{.features = d}, model::self_attention{.dim = d, .heads = 4}},
-      model::layer_norm{.features = d}, model::token_mean{}, model::linear{.in = d, .out = 4});
+  return model::sequential(sample_shape{.channels = 1, .height = 4, .width = 4},
+                           model::patch_embedding{.patch = 2, .dim = d},
+                           model::residual{model::layer_norm{.features = d},
+                                           model::self_attention{.dim = d, .heads = 4}},
+                           model::residual{model::layer_norm{.features = d},
+                                           parallel::parallel_mlp{.dim = d, .hidden = 32}},
+                           model::residual{model::layer_norm{.features = d},
+                                           model::self_attention{.dim = d, .heads = 4}},
+                           model::layer_norm{.features = d}, model::token_mean{},
+                           model::linear{.in = d, .out = 4});
 }
 
 }  // namespace strata::test
