@@ -519,32 +519,29 @@ class trainer {
 
   void save(checkpoint_store& store, std::uint64_t epoch, std::uint64_t next_batch, progress& bar,
             std::optional<detail::epoch_so_far> so_far = std::nullopt) {
-    // The executor's blobs first: collective, and (asynchronous dedicated servers) they bring
-    // the parameters as the servers hold them.
+    // The executor's blobs first: collective (dedicated servers bring their parameters).
     const std::vector<parallel::state_blob> parts = exec_->state_blobs(step_);
-    // The position: `epoch` epochs done and `next_batch` batches of the next one (names
-    // epoch-E or epoch-E-step-B).
-    nlohmann::json state = detail::checkpoint_state_json(
-        {.epoch = epoch,
-         .next_batch = next_batch,
-         .step = step_,
-         .samples_per_batch = static_cast<std::uint64_t>(loader_batch()),
-         .seed = cfg_.seed,
-         .optimizer_describe = optimizer_.describe(),
-         .optimizer_step_count = optimizer_.step_count(),
-         .loss_scaler = precision_.state(),
-         .skipped_steps = skipped_steps_,
-         .batch = batch_policy::name,
-         .batch_state = batch_.state(),
-         .precision = precision_policy::name,
-         .world_size = world_size(),
-         .parallel = parallel_policy::name,
-         .params_xxh3 = xxh3_hex(params_.values()),
-         .run = run_.to_json(),
-         .so_far = so_far});
-    if (!layer_split_.empty()) {
-      state["layers_per_stage"] = layer_split_;
-    }
+    // The position: `epoch` epochs done, `next_batch` batches of the next (epoch-E[-step-B]).
+    nlohmann::json state = detail::with_layer_split(
+        detail::checkpoint_state_json(
+            {.epoch = epoch,
+             .next_batch = next_batch,
+             .step = step_,
+             .samples_per_batch = static_cast<std::uint64_t>(loader_batch()),
+             .seed = cfg_.seed,
+             .optimizer_describe = optimizer_.describe(),
+             .optimizer_step_count = optimizer_.step_count(),
+             .loss_scaler = precision_.state(),
+             .skipped_steps = skipped_steps_,
+             .batch = batch_policy::name,
+             .batch_state = batch_.state(),
+             .precision = precision_policy::name,
+             .world_size = world_size(),
+             .parallel = parallel_policy::name,
+             .params_xxh3 = xxh3_hex(params_.values()),
+             .run = run_.to_json(),
+             .so_far = so_far}),
+        layer_split_);
     detail::write_checkpoint(store, {.epoch = epoch, .step = next_batch}, state,
                              {.params = params_.values(), .executor_blobs = parts}, rank(), group(),
                              run_, set_aside_pending_, bar);

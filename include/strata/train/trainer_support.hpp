@@ -467,6 +467,15 @@ model::tensor_context tensor_context_of(Executor& e) {
   }
 }
 
+// The checkpoint state with the split of a pipeline's layers (when there is one) recorded as
+// "layers_per_stage", which check_layer_split compares on resume.
+inline nlohmann::json with_layer_split(nlohmann::json state, const std::string& split) {
+  if (!split.empty()) {
+    state["layers_per_stage"] = split;
+  }
+  return state;
+}
+
 // Throws config_error naming policy.pipeline_split when `checkpoint` was written by stages that
 // held other layers than this run's (`split`, as rank_layers_of gives it): a split balanced from
 // a probe of the layers can come out otherwise in a new process, and a stage's blobs hold its own
