@@ -30,6 +30,11 @@
 // in grad_input(w) (when a layer in front of the range has parameters). With
 // workspace_config::split_backward, backward runs the input-gradient passes only (whole
 // backwards for layers that cannot split) and backward_weight the weight passes.
+//
+// Under tensor parallelism (requirement 10 of concepts.hpp) the store (param_store_config::
+// tensor) holds the rank's slices, the workspace (workspace_config::tensor) its layers' share of
+// the activations, and forward hands run_options::tensor (the rank's group) to every layer; the
+// three must name the same place (forward throws, naming them, otherwise).
 
 #include <algorithm>
 #include <array>

@@ -324,3 +324,19 @@ TEST_CASE("a small vision transformer as a sequential learns a fixed batch") {
   CAPTURE(first);
   CHECK(last < 0.2 * first);
 }
+
+TEST_CASE("sequential: parameters, workspace and run for different tensor-parallel places") {
+  const sample_shape in = tokens(4, 8);
+  sm::sequential m(in, sm::self_attention{.dim = 8, .heads = 2});
+  auto split = m.make_params({.tensor = {.rank = 1, .size = 2}});
+  auto whole = m.make_params();
+  CHECK(split.parameter_count() < whole.parameter_count());
+  auto work = m.make_workspace(2);
+  const std::vector<float> x(2 * in.elements(), 0.5f);
+  CHECK_THROWS_WITH_AS(
+      (void)m.forward(work, split, x, 2, {}),
+      doctest::Contains("run for tensor-parallel rank 0 of 1, but the workspace is "
+                        "for rank 0 of 1 and the parameters for rank 1 of 2"),
+      std::invalid_argument);
+  CHECK_NOTHROW((void)m.forward(work, whole, x, 2, {}));
+}
