@@ -27,9 +27,10 @@
 //
 // Which layers each rank holds: [policy] pipeline_split (layers per virtual stage, comma
 // separated), else pipeline::balance within [policy] pipeline_memory_cap_mb per stage over the
-// layers' times: by default measured by a probe of each layer on one micro-batch (the slowest
-// rank's times, so that every rank cuts alike), with pipeline_balance = "estimated" their flop
-// estimates.
+// layers' times: by default their flop estimates, the same in every process (a checkpoint
+// resumes only under the split that wrote it); with pipeline_balance = "measured" a probe of each
+// layer on one micro-batch (the slowest rank's times, so that every rank cuts alike; a new
+// process may cut otherwise, and its resume is then refused by name).
 //
 // Loss scaling and the skip decision see every stage: the found-inf vote and the
 // step's totals are reduced over all ranks; the adaptive micro-batch agrees over them too.
@@ -136,10 +137,10 @@ struct pipeline {
       config::policy_key{"pipeline_memory_cap_mb", config::policy_value::integer, "0", 0, 1 << 30,
                          "Most MiB of parameters, optimizer state and activations per stage that "
                          "the balanced split may use; 0: no cap."},
-      config::policy_key{"pipeline_balance", config::policy_value::text, "measured", 0, 0,
-                         "What the balanced split weighs layers by: measured (a probe of each "
-                         "layer's forward and backward on one micro-batch) or estimated (their "
-                         "flop estimates)."}};
+      config::policy_key{"pipeline_balance", config::policy_value::text, "estimated", 0, 0,
+                         "What the balanced split weighs layers by: estimated (their flop "
+                         "estimates, the same split in every process) or measured (a probe of "
+                         "each layer's forward and backward on one micro-batch)."}};
   using executor = pipeline_executor<pipeline>;
 
   // world_size = the communicator's, a multiple of pipeline_parallel_size; pipeline_schedule

@@ -493,8 +493,8 @@ inline void check_layer_split(const loaded_checkpoint& checkpoint, const std::st
             " layers, this run's balanced split is " + split +
             " (pipeline_balance = measured probes the layers anew in every process); a pipeline "
             "resumes under the split that wrote it (loading under another is not written yet). "
-            "The checkpoint is untouched; runs started with pipeline_balance = \"estimated\" or "
-            "a fixed [policy] pipeline_split cut alike in every process");
+            "The checkpoint is untouched; runs started with pipeline_balance = \"estimated\" (the "
+            "default) or a fixed [policy] pipeline_split cut alike in every process");
   }
 }
 
