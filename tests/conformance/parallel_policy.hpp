@@ -16,6 +16,11 @@
 //     estimate_memory gives for the executor's shards: the bytes strata::host accounts
 //     (parameters, gradients, optimizer state), not helper vectors such as top-k's residual or
 //     the parameter server's exchange buffers;
+//   - another layout: the finished run continued as one rank (a named run, the same samples per
+//     batch) reports the same final test loss and, where every rank holds the whole model, its
+//     parameters bit for bit; or, where the case says the checkpoint stays with its layout
+//     (blobs the policy does not describe: train/reshard.hpp), is refused with an error that
+//     names a file or a key;
 //   - the skip vote: with float16 and an overflow injected on the last rank only (into the part
 //     of the gradients it applies), the step is skipped on every rank, every rank skips the same
 //     steps, and (unless the ranks stay apart) they end with the same parameters.
@@ -60,6 +65,8 @@ struct parallel_case {
   // Each rank's model state (parameters, gradients, its shard of AdamW's state, as the host
   // account counts them) is what estimate_memory says for the executor's shards.
   bool memory_exact = true;
+  // The finished run's checkpoint continues on one rank (else it must be refused by name).
+  bool relayout = true;
 };
 
 namespace detail {
@@ -118,7 +125,8 @@ parallel_report run_parallel_suite(const parallel_case& c) {
   static_assert(parallel::check_parallel_policy<Policy>());
   parallel_report r;
   const auto none = [](auto&) {};
-  const config::train_config base = detail::case_config(c, "straight");
+  config::train_config base = detail::case_config(c, "straight");
+  base.run_name = "straight";  // named: continued under another layout below
   const std::vector<detail::rank_run> straight = detail::run_ranks<Policy>(c.ranks, base, none);
   const test::run_record& first = straight[0].record;
   r.expect(!first.steps.empty(), "agreement: the run took no step");
@@ -178,6 +186,58 @@ parallel_report run_parallel_suite(const parallel_case& c) {
     }
     r.expect(single.params.size() <= first.params.size() && worst <= c.one_rank_tolerance,
              "one rank: the parameters differ by " + std::to_string(worst));
+  }
+
+  // Another layout: the finished run continued on one rank with the same samples per batch.
+  {
+    const config::train_config k = c.cfg;
+    const config::train_config defaults{};
+    config::train_config one = base;
+    one.world_size = 1;
+    one.batch_size_per_gpu =
+        k.batch_size_per_gpu * static_cast<std::size_t>(c.data_ranks > 0 ? c.data_ranks : c.ranks);
+    one.tensor_parallel_size = 1;
+    one.pipeline_parallel_size = 1;
+    one.data_parallel_size = 0;
+    one.micro_batches = defaults.micro_batches;
+    one.pipeline_schedule = defaults.pipeline_schedule;
+    one.zero_stage = 0;
+    one.gradient_sync = defaults.gradient_sync;
+    one.hierarchy_group_size = defaults.hierarchy_group_size;
+    one.parameter_servers = defaults.parameter_servers;
+    one.dedicated_parameter_servers = false;
+    one.policy.clear();
+    one.resume = config::resume_mode::required;
+    std::string refused;
+    test::run_record continued;
+    try {
+      train::trainer<decltype(test::blobs_mlp())> t(test::blobs_mlp(), one,
+                                                    {.print_progress = false});
+      continued = test::record(t);
+    } catch (const error& e) {
+      refused = e.what();
+    }
+    if (c.relayout) {
+      r.expect(refused.empty(), "another layout: one rank could not continue: " + refused);
+      r.expect(refused.empty() && continued.steps.empty() &&
+                   std::abs(continued.summary.test_loss - first.summary.test_loss) <=
+                       1e-5 * std::max(1.0, std::abs(first.summary.test_loss)),
+               "another layout: one rank's final test loss " +
+                   std::to_string(continued.summary.test_loss) + ", the run's " +
+                   std::to_string(first.summary.test_loss));
+      if (c.data_ranks == 0 && refused.empty()) {
+        bool same = continued.params.size() <= first.params.size();
+        for (std::size_t i = 0; same && i < first.params.size(); ++i) {
+          same = first.params[i] == (i < continued.params.size() ? continued.params[i] : 0.0f);
+        }
+        r.expect(same, "another layout: one rank loaded other parameters than rank 0 saved");
+      }
+    } else {
+      r.expect(refused.find(".bin") != std::string::npos ||
+                   refused.find("config error") != std::string::npos,
+               "another layout: expected a refusal naming a file or a key, got '" +
+                   (refused.empty() ? std::string("none") : refused) + "'");
+    }
   }
 
   // Stopped, resumed in a new trainer: every rank as the uninterrupted run. Two stops, a step

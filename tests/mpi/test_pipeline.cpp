@@ -129,6 +129,7 @@ void check_mesh(int tp, int pp) {
   one.fit(blob_images{}, sd::identity{}, blob_images{.n = 256, .salt = 1}, sd::identity{});
 
   auto cfg = base_config(name, true);
+  cfg.run_name = "vit";  // the third job below continues it under another layout
   cfg.world_size = ranks;
   cfg.communication_backend = strata::config::comm_backend_kind::mpi;
   cfg.tensor_parallel_size = tp;
@@ -172,6 +173,29 @@ void check_mesh(int tp, int pp) {
       again.fit(blob_images{}, sd::identity{}, blob_images{.n = 256, .salt = 1}, sd::identity{});
   CHECK_FALSE(r.resumed_from.empty());
   CHECK(r.params_xxh3 == s.params_xxh3);
+
+  // A third job loads the checkpoint as plain data parallelism over every process (the same 32
+  // x replicas samples a batch): each process holds every tensor whole, bit for bit the slices'.
+  auto dp = cfg;
+  dp.tensor_parallel_size = 1;
+  dp.pipeline_parallel_size = 1;
+  dp.micro_batches = strata::config::train_config{}.micro_batches;
+  dp.policy.clear();
+  dp.batch_size_per_gpu = 32 * static_cast<std::size_t>(replicas) / static_cast<std::size_t>(ranks);
+  dp.resume = strata::config::resume_mode::required;
+  st::trainer<vit_t, strata::parallel::data<>> whole(
+      strata::test::image_vit(), dp, strata::comm::any_comm(comm), {.print_progress = false});
+  const st::fit_summary w =
+      whole.fit(blob_images{}, sd::identity{}, blob_images{.n = 256, .salt = 1}, sd::identity{});
+  CHECK(w.resumed_from == r.resumed_from);
+  CHECK(w.steps_this_run == 0);
+  for (const auto& e : t.params().entries()) {
+    CAPTURE(e.name);
+    const auto mine = t.params().value(e.name);
+    std::vector<float> loaded(mine.size());
+    strata::model::param_store::copy_slice(e, whole.params().value(e.name), loaded);
+    CHECK(std::equal(mine.begin(), mine.end(), loaded.begin()));
+  }
 }
 
 }  // namespace

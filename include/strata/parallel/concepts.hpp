@@ -99,6 +99,10 @@ constexpr bool check_parallel_policy() {
     static_assert(executor_checkpoints<E>,
                   "ParallelPolicy executor: missing state_blobs(std::uint64_t), restore(const "
                   "blob_reader&) or end_fit(std::uint64_t)");
+    static_assert(executor_describes_state<E>,
+                  "ParallelPolicy executor: optimizer_blobs() must be const and return "
+                  "std::vector<parallel::optimizer_blob> (the blobs of this rank's optimizer "
+                  "state, parallel/executor.hpp)");
   }
   return parallel_policy<P>;
 }

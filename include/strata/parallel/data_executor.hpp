@@ -102,6 +102,17 @@ class all_reduce_executor : public synced_executor {
       local_executor::restore(read);
     }
   }
+  std::vector<optimizer_blob> optimizer_blobs() const {
+    if constexpr (sharded) {
+      optimizer_blob b{.name = "optimizer.shards.bin", .shards = {}};
+      for (int r = 0; r < group_->size(); ++r) {
+        b.shards.emplace_back(static_cast<std::size_t>(r) * shard_size(), shard_size());
+      }
+      return {b};
+    } else {
+      return local_executor::optimizer_blobs();
+    }
+  }
 
  private:
   std::size_t shard_size() const noexcept {

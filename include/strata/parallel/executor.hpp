@@ -25,6 +25,13 @@
 //   restore(read)        blobs: collective; rank 0's are written
 //   end_fit(step)        after the last step
 //
+// Optional: optimizer_blobs() names the blobs that hold this rank's optimizer state and the
+// shards of its flat parameters each holds, one after another (a blob read back under another
+// layout is rebuilt from them: train/reshard.hpp). It counts only where declared in the class
+// that declares state_blobs and restore (described_optimizer_blobs): an executor that writes
+// blobs of its own and inherits local_executor's "rank-0.optimizer.bin, all of it" describes
+// nothing, and its checkpoints resume under their own layout only.
+//
 // local_executor is the one-rank behaviour (parallel::single_rank's executor) and the base to
 // derive a policy's executor from: a derived class declares what it changes and inherits the
 // rest.
@@ -39,6 +46,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -119,6 +127,17 @@ struct data_shard_of {
 struct state_blob {
   std::string name;
   std::span<const std::byte> bytes;
+};
+
+// A blob of optimizer state: the state of each shard [first, first + size) of a rank's flat
+// parameters in turn, each laid out as update_shard keeps it (a tensor's piece inside the shard
+// takes state_per_parameter() x its length floats at (piece start - first) x that count, slot s
+// of its element j at s x length + j).
+struct optimizer_blob {
+  std::string name;
+  std::vector<std::pair<std::size_t, std::size_t>> shards;  // {first, size}, in the blob's order
+
+  friend bool operator==(const optimizer_blob&, const optimizer_blob&) = default;
 };
 
 // Fills `into` from the checkpoint's blob `name` (its size must match, else checkpoint_error).
@@ -205,6 +224,9 @@ class local_executor {
     return {{.name = "rank-0.optimizer.bin", .bytes = std::as_bytes(std::as_const(state_).span())}};
   }
   void restore(const blob_reader& read) { read("rank-0.optimizer.bin", state_.span()); }
+  std::vector<optimizer_blob> optimizer_blobs() const {
+    return {{.name = "rank-0.optimizer.bin", .shards = {{0, ctx_.master.size()}}}};
+  }
 
   void end_fit(std::uint64_t) {}
 
@@ -220,6 +242,40 @@ class local_executor {
   mutable std::optional<comm::any_comm> group_{};  // a handle: collectives are not const
   buffer<float> state_{};
 };
+
+namespace detail {
+template <class T>
+struct member_of;
+template <class R, class C, class... A>
+struct member_of<R (C::*)(A...)> {
+  using type = C;
+};
+template <class R, class C, class... A>
+struct member_of<R (C::*)(A...) const> {
+  using type = C;
+};
+template <auto M>
+using declared_in = typename member_of<decltype(M)>::type;
+}  // namespace detail
+
+// E's optimizer_blobs() where the class that declares it also declares state_blobs and restore
+// (the blobs it describes are the ones it writes); nullopt otherwise: not described.
+template <class E>
+std::optional<std::vector<optimizer_blob>> described_optimizer_blobs(const E& e) {
+  if constexpr (requires {
+                  { e.optimizer_blobs() } -> std::convertible_to<std::vector<optimizer_blob>>;
+                  &E::optimizer_blobs;
+                  &E::state_blobs;
+                  &E::restore;
+                }) {
+    using declares = detail::declared_in<&E::optimizer_blobs>;
+    if constexpr (std::is_same_v<declares, detail::declared_in<&E::state_blobs>> &&
+                  std::is_same_v<declares, detail::declared_in<&E::restore>>) {
+      return e.optimizer_blobs();
+    }
+  }
+  return std::nullopt;
+}
 
 // The requirements on a parallel policy's executor E (parallel/concepts.hpp, requirement 4).
 // 1.
@@ -258,6 +314,14 @@ concept executor_checkpoints = requires(E& e, std::uint64_t step, const blob_rea
   { e.state_blobs(step) } -> std::convertible_to<std::vector<state_blob>>;
   e.restore(read);
   e.end_fit(step);
+};
+
+// Optional (not part of step_executor): where declared, optimizer_blobs() is const and gives
+// std::vector<optimizer_blob>.
+template <class E>
+concept executor_describes_state = (!requires(E & e) { e.optimizer_blobs(); }) ||
+                                   requires(const E& e) {
+  { e.optimizer_blobs() } -> std::same_as<std::vector<optimizer_blob>>;
 };
 
 template <class E>

@@ -469,6 +469,9 @@ class pipeline_executor : public local_executor, public pass_runner {
     }
     read(blob_name(stage_, "optimizer"), state_.span());
   }
+  std::vector<optimizer_blob> optimizer_blobs() const {
+    return {{.name = blob_name(stage_, "optimizer"), .shards = {{0, ctx_.master.size()}}}};
+  }
 
  private:
   struct saved_stage {

@@ -279,6 +279,17 @@ class tensor_executor : private detail::tensor_groups, public Policy::inner_poli
         [&](std::string_view name, std::span<float> into) { read(p + std::string(name), into); });
   }
 
+  // The inner executor's, under this tensor rank's prefix (none where it describes none: its
+  // blobs then resume under this layout only).
+  std::vector<optimizer_blob> optimizer_blobs() const {
+    std::vector<optimizer_blob> out = described_optimizer_blobs(static_cast<const base&>(*this))
+                                          .value_or(std::vector<optimizer_blob>{});
+    for (optimizer_blob& b : out) {
+      b.name = prefix() + b.name;
+    }
+    return out;
+  }
+
   // The blob this rank's master parameters are read from.
   std::string params_blob() const { return prefix() + std::string(params_name()); }
 

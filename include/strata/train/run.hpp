@@ -62,6 +62,23 @@ inline bool is_continuable_key(std::string_view key) noexcept {
   return std::find(continuable_keys.begin(), continuable_keys.end(), key) != continuable_keys.end();
 }
 
+// Keys of the layout: a run named with run_name continues under other values of these, and
+// under another parallel policy, its checkpoint's tensors cut for the new layout
+// (train/reshard.hpp; the loader batch over all data-parallel ranks must stay, which the
+// reader checks). An unnamed run's directory still depends on them.
+inline constexpr std::array<std::string_view, 14> layout_keys{
+    "world_size",           "communication_backend",
+    "batch_size_per_gpu",   "data_parallel_size",
+    "tensor_parallel_size", "pipeline_parallel_size",
+    "pipeline_schedule",    "micro_batches",
+    "gradient_sync",        "bucket_size_mb",
+    "zero_stage",           "hierarchy_group_size",
+    "parameter_servers",    "dedicated_parameter_servers"};
+
+inline bool is_layout_key(std::string_view key) noexcept {
+  return std::find(layout_keys.begin(), layout_keys.end(), key) != layout_keys.end();
+}
+
 // A run's name, fingerprint, directory and the record its checkpoints carry.
 struct run_identity {
   std::string name{};                 // the directory under checkpoint_dir
@@ -69,6 +86,9 @@ struct run_identity {
   std::filesystem::path directory{};  // checkpoint_dir / name
   std::vector<std::pair<std::string, std::string>> settings{};  // every key, as TOML text
   std::vector<std::pair<std::string, std::string>> model{};     // tensor name, "RxC init ..."
+  // The policies without the parallel one (recorded, not hashed): what a run continued under
+  // another layout must keep.
+  std::string layout_free_policies{};
 
   nlohmann::json to_json() const {
     nlohmann::json keys = nlohmann::json::object();
@@ -79,7 +99,12 @@ struct run_identity {
     for (const auto& [n, s] : model) {
       tensors.push_back({n, s});
     }
-    return {{"name", name}, {"fingerprint", fingerprint}, {"settings", keys}, {"model", tensors}};
+    nlohmann::json out{
+        {"name", name}, {"fingerprint", fingerprint}, {"settings", keys}, {"model", tensors}};
+    if (!layout_free_policies.empty()) {
+      out["layout_free_policies"] = layout_free_policies;
+    }
+    return out;
   }
 };
 
@@ -93,21 +118,26 @@ inline std::string hex16(std::uint64_t h) {
 
 // `shapes`: the model's input and output ("1x28x28 -> 1x1x10"); `policies`: the trainer's
 // (names, and whether its precision has a loss scaler). Both are recorded as model entries.
+// `layout_free`: the policies without the parallel one (recorded only; empty: a run that does
+// not continue under another layout).
 inline run_identity make_run_identity(const config::train_config& cfg,
                                       const std::vector<model::param_entry>& tensors,
-                                      std::string_view shapes = {}, std::string_view policies = {});
+                                      std::string_view shapes = {}, std::string_view policies = {},
+                                      std::string_view layout_free = {});
 inline run_identity make_run_identity(const config::train_config& cfg,
                                       const model::param_store& params,
-                                      std::string_view shapes = {},
-                                      std::string_view policies = {}) {
-  return make_run_identity(cfg, params.entries(), shapes, policies);
+                                      std::string_view shapes = {}, std::string_view policies = {},
+                                      std::string_view layout_free = {}) {
+  return make_run_identity(cfg, params.entries(), shapes, policies, layout_free);
 }
 // The same from the model's tensors (every rank's list, whatever part of the model it holds).
 inline run_identity make_run_identity(const config::train_config& cfg,
                                       const std::vector<model::param_entry>& tensors,
-                                      std::string_view shapes, std::string_view policies) {
+                                      std::string_view shapes, std::string_view policies,
+                                      std::string_view layout_free) {
   config::check_run_name(cfg.run_name);
   run_identity id;
+  id.layout_free_policies = std::string(layout_free);
   std::string hashed = "run record 1\n";
   const config::train_config defaults{};
   config::visit_keys([&](const auto& key) {
@@ -137,8 +167,18 @@ inline run_identity make_run_identity(const config::train_config& cfg,
   return id;
 }
 
+namespace detail {
+// Both records name their layout-free policies: the layout may change between them.
+inline bool layout_may_change(const nlohmann::json& saved, const run_identity& now) {
+  return !now.layout_free_policies.empty() && saved.is_object() &&
+         saved.contains("layout_free_policies") && saved.at("layout_free_policies").is_string();
+}
+}  // namespace detail
+
 // What keeps `now` from continuing the run recorded in `saved` (a checkpoint's "run" state): the
 // model's tensors, then each key outside continuable_keys, as one sentence each. Empty: it may.
+// Between records that both name their layout-free policies, the layout keys and the parallel
+// policy are not differences (layout_changes lists them).
 inline std::vector<std::string> run_differences(const nlohmann::json& saved,
                                                 const run_identity& now) {
   std::vector<std::string> out;
@@ -151,12 +191,20 @@ inline std::vector<std::string> run_differences(const nlohmann::json& saved,
     out.emplace_back("the checkpoint's run record has no model list");
     return out;
   }
+  const bool relayout = detail::layout_may_change(saved, now);
+  if (relayout && saved.at("layout_free_policies").get<std::string>() != now.layout_free_policies) {
+    out.push_back("policies: " + saved.at("layout_free_policies").get<std::string>() +
+                  " in the checkpoint, " + now.layout_free_policies + " in this run");
+  }
   const std::size_t n = std::min(tensors.size(), now.model.size());
   for (std::size_t i = 0; i < n; ++i) {
     const nlohmann::json& t = tensors[i];
     const bool pair = t.is_array() && t.size() == 2 && t[0].is_string() && t[1].is_string();
     const std::string name = pair ? t[0].get<std::string>() : "?";
     const std::string shape = pair ? t[1].get<std::string>() : "?";
+    if (relayout && name == "policies" && now.model[i].first == "policies") {
+      continue;  // compared without the parallel policy above
+    }
     if (name != now.model[i].first || shape != now.model[i].second) {
       out.push_back(name == now.model[i].first
                         ? "model: " + name + " is " + shape + " in the checkpoint, " +
@@ -180,7 +228,7 @@ inline std::vector<std::string> run_differences(const nlohmann::json& saved,
   const nlohmann::json& keys = saved.at("settings");
   for (std::size_t i = 0; i < now.settings.size(); ++i) {
     const auto& [k, v] = now.settings[i];
-    if (is_continuable_key(k)) {
+    if (is_continuable_key(k) || (relayout && is_layout_key(k))) {
       continue;
     }
     const std::string then = keys.is_object() && keys.contains(k) && keys.at(k).is_string()
@@ -200,6 +248,40 @@ inline std::optional<std::string> saved_setting(const nlohmann::json& saved, std
     return saved.at("settings").at(std::string(key)).get<std::string>();
   }
   return std::nullopt;
+}
+
+// The layout keys, and the policies, whose values differ between `saved` and `now` when the
+// layout may change between them (else none), as "key: A in the checkpoint, B in this run".
+inline std::vector<std::string> layout_changes(const nlohmann::json& saved,
+                                               const run_identity& now) {
+  std::vector<std::string> out;
+  if (!detail::layout_may_change(saved, now)) {
+    return out;
+  }
+  std::vector<std::string> defaults;
+  const config::train_config d{};
+  config::visit_keys([&](const auto& key) { defaults.push_back(config::value_text(d, key)); });
+  for (std::size_t i = 0; i < now.settings.size(); ++i) {
+    const auto& [k, v] = now.settings[i];
+    const std::string then = saved_setting(saved, k).value_or(defaults[i]);
+    if (is_layout_key(k) && then != v) {
+      out.push_back(k + ": " + then + " in the checkpoint, " + v + " in this run");
+    }
+  }
+  const nlohmann::json none = nlohmann::json::array();
+  const nlohmann::json& saved_model =
+      saved.contains("model") && saved.at("model").is_array() ? saved.at("model") : none;
+  for (const nlohmann::json& t : saved_model) {
+    if (t.is_array() && t.size() == 2 && t[0] == "policies") {
+      for (const auto& [name, text] : now.model) {
+        if (name == "policies" && t[1] != text) {
+          out.push_back("policies: " + t[1].get<std::string>() + " in the checkpoint, " + text +
+                        " in this run");
+        }
+      }
+    }
+  }
+  return out;
 }
 
 // A run found beside this one under checkpoint_dir: its directory, the newest checkpoint's name

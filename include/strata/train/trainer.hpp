@@ -93,8 +93,7 @@ class trainer {
   struct construct_tag {};
 
  public:
-  // Whether this trainer is one rank of a data-parallel job (its constructor takes a
-  // communicator).
+  // Whether this trainer is one rank of a parallel job (its constructor takes a communicator).
   static constexpr bool distributed = parallel_policy::distributed;
   using model_type = Model;
 
@@ -128,7 +127,7 @@ class trainer {
     run_ = make_run_identity(
         cfg_, detail::whole_model_entries(model_, params_),
         to_string(model_.input_shape()) + " -> " + to_string(model_.output_shape()),
-        policy_ops::description(cfg_));
+        policy_ops::description(cfg_), policy_ops::description(cfg_, false));
     // For the whole process (every rank of comm::threads sets the same before the broadcast).
     gemm_ = detail::set_up_gemm(cfg_, comm_ ? comm_->ranks_sharing_cpus() : 1);
     precision_.prepare([this] { return fresh_store(); });
@@ -169,15 +168,13 @@ class trainer {
   std::uint64_t step() const noexcept { return step_; }
   // This run's name, fingerprint and checkpoint directory (train/run.hpp).
   const run_identity& run() const noexcept { return run_; }
-  // The host memory budget, in bytes, that this rank's adaptive micro-batch keeps within:
-  // memory_budget_mb (each rank's); unset (0), batch::default_memory_budget() divided by
-  // comm::ranks_sharing_memory (thread ranks of comm::threads; the node's ranks under mpiexec).
+  // The host memory budget (bytes) of this rank's adaptive micro-batch: memory_budget_mb, else
+  // batch::default_memory_budget() over comm::ranks_sharing_memory (threads; a node's ranks).
   std::size_t memory_budget() const {
-    if (cfg_.memory_budget_mb > 0) {
-      return static_cast<std::size_t>(cfg_.memory_budget_mb) << 20;
-    }
-    const int sharing = comm_ ? std::max(1, comm_->ranks_sharing_memory()) : 1;
-    return batch::default_memory_budget() / static_cast<std::size_t>(sharing);
+    return cfg_.memory_budget_mb > 0 ? static_cast<std::size_t>(cfg_.memory_budget_mb) << 20
+                                     : batch::default_memory_budget() /
+                                           static_cast<std::size_t>(std::max(
+                                               1, comm_ ? comm_->ranks_sharing_memory() : 1));
   }
 
   void on_step(std::function<void(const step_metrics&)> f) {
@@ -187,9 +184,9 @@ class trainer {
     epoch_callbacks_.push_back(std::move(f));
   }
   // Called once per optimizer step after the last backward, before the overflow check and the
-  // update, with the step number and the step's gradients as the precision policy holds them
-  // (mixed: the compute copy's, multiplied by the loss scale). For inspection and for tests that
-  // inject faults (an inf here makes a mixed-precision step skip).
+  // update, with the step number and the gradients as the precision policy holds them (mixed:
+  // the compute copy's, times the loss scale). For inspection and fault injection (an inf here
+  // makes a mixed-precision step skip).
   void on_gradients(std::function<void(std::uint64_t, std::span<float>)> f) {
     gradient_callbacks_.push_back(std::move(f));
   }
@@ -237,6 +234,10 @@ class trainer {
 
   // Samples per training loader batch, as the batch policy cuts them.
   std::size_t loader_batch() const { return batch_.loader_batch(); }
+  detail::layout_id layout() const {
+    return detail::layout_of(parallel_policy::name, cfg_, comm_ ? comm_->size() : 1, layer_split_,
+                             *exec_, loader_batch(), optimizer_.state_per_parameter());
+  }
 
   data::loader_config loader_settings(bool eval) const {
     return {.batch_size = eval ? options_.eval_batch : loader_batch(),
@@ -501,12 +502,10 @@ class trainer {
     const auto begin = clock::now();
     checkpoint_store store = checkpoints();
     progress quiet({.enabled = false});
-    fit_summary summary;
-    summary.run_directory = run_.directory.string();
+    fit_summary summary{.run_directory = run_.directory.string()};
     if (cfg_.resume != config::resume_mode::never) {
-      if (auto resumed = resume(store, quiet)) {
-        summary.resumed_from = resumed->name;
-      }
+      const auto resumed = resume(store, quiet);
+      summary.resumed_from = resumed ? resumed->name : std::string();
     }
     const std::uint64_t start_step = step_;
     step_ = exec_->serve(step_);
@@ -521,27 +520,27 @@ class trainer {
             std::optional<detail::epoch_so_far> so_far = std::nullopt) {
     // The executor's blobs first: collective (dedicated servers bring their parameters).
     const std::vector<parallel::state_blob> parts = exec_->state_blobs(step_);
-    // The position: `epoch` epochs done, `next_batch` batches of the next (epoch-E[-step-B]).
-    nlohmann::json state = detail::with_layer_split(
-        detail::checkpoint_state_json(
-            {.epoch = epoch,
-             .next_batch = next_batch,
-             .step = step_,
-             .samples_per_batch = static_cast<std::uint64_t>(loader_batch()),
-             .seed = cfg_.seed,
-             .optimizer_describe = optimizer_.describe(),
-             .optimizer_step_count = optimizer_.step_count(),
-             .loss_scaler = precision_.state(),
-             .skipped_steps = skipped_steps_,
-             .batch = batch_policy::name,
-             .batch_state = batch_.state(),
-             .precision = precision_policy::name,
-             .world_size = world_size(),
-             .parallel = parallel_policy::name,
-             .params_xxh3 = xxh3_hex(params_.values()),
-             .run = run_.to_json(),
-             .so_far = so_far}),
-        layer_split_);
+    // `epoch` epochs done, `next_batch` batches of the next (epoch-E[-step-B]); the tensors.
+    nlohmann::json state =
+        detail::with_layout(detail::checkpoint_state_json(
+                                {.epoch = epoch,
+                                 .next_batch = next_batch,
+                                 .step = step_,
+                                 .samples_per_batch = static_cast<std::uint64_t>(loader_batch()),
+                                 .seed = cfg_.seed,
+                                 .optimizer_describe = optimizer_.describe(),
+                                 .optimizer_step_count = optimizer_.step_count(),
+                                 .loss_scaler = precision_.state(),
+                                 .skipped_steps = skipped_steps_,
+                                 .batch = batch_policy::name,
+                                 .batch_state = batch_.state(),
+                                 .precision = precision_policy::name,
+                                 .world_size = world_size(),
+                                 .parallel = parallel_policy::name,
+                                 .params_xxh3 = xxh3_hex(params_.values()),
+                                 .run = run_.to_json(),
+                                 .so_far = so_far}),
+                            layer_split_, detail::manifest_of(*exec_, params_, group(), layout()));
     detail::write_checkpoint(store, {.epoch = epoch, .step = next_batch}, state,
                              {.params = params_.values(), .executor_blobs = parts}, rank(), group(),
                              run_, set_aside_pending_, bar);
@@ -553,10 +552,10 @@ class trainer {
       return std::nullopt;
     }
     const nlohmann::json& s = loaded->state;
-    detail::check_layer_split(*loaded, layer_split_);
-    loaded->copy_blob(detail::params_blob_of(*exec_), params_.values());
-    exec_->restore(
-        [&](std::string_view name, std::span<float> into) { loaded->copy_blob(name, into); });
+    detail::checkpoint_reader read =
+        detail::reader_for(*loaded, *exec_, params_, layout(), layer_split_, bar);
+    read(detail::params_blob_of(*exec_), params_.values());
+    exec_->restore([&](std::string_view name, std::span<float> into) { read(name, into); });
     step_ = s.at("step").get<std::uint64_t>();
     optimizer_.set_step_count(s.at("optimizer").at("step_count").get<std::uint64_t>());
     precision_.restore(s.contains("loss_scaler") ? s.at("loss_scaler") : nlohmann::json());

@@ -41,6 +41,7 @@
 #include "strata/train/launch_check.hpp"
 #include "strata/train/metrics.hpp"
 #include "strata/train/progress.hpp"
+#include "strata/train/reshard.hpp"
 #include "strata/train/run.hpp"
 #include "strata/train/stage_passes.hpp"
 
@@ -110,7 +111,17 @@ inline void check_continues(const loaded_checkpoint& checkpoint, const run_ident
                            ". Give this run another run_name, or resume = false to start "
                            "afresh (the earlier checkpoints are kept aside)");
   }
-  check_config_hash(checkpoint, run.fingerprint);
+  if (const std::vector<std::string> moved = layout_changes(saved_run, run); !moved.empty()) {
+    // The fingerprint names the layout: the reader cuts the tensors anew (reader_for).
+    std::string text = "continuing run " + run.name + " under another layout:";
+    for (const std::string& m : moved) {
+      text += " " + m + ";";
+    }
+    text.pop_back();
+    bar.message(text);
+  } else {
+    check_config_hash(checkpoint, run.fingerprint);
+  }
   if (const auto then = saved_setting(saved_run, "epochs");
       then && *then != std::to_string(cfg.epochs)) {
     bar.message("epochs: " + *then + " in the checkpoint, " + std::to_string(cfg.epochs) +
@@ -234,16 +245,19 @@ template <class Batch, class Precision, class Parallel, class Loss>
 struct policies_of {
   // As the run's identity names them (train/run.hpp): the loss only when it is not the default,
   // the policies' own [policy] keys (config/policy_keys.hpp) only away from their defaults.
-  static std::string description(const config::train_config& cfg) {
+  // Without the parallel policy and its keys (`parallel` false): what a run continued under
+  // another layout keeps.
+  static std::string description(const config::train_config& cfg, bool parallel = true) {
     std::string text = std::string(Batch::name) + ", " + std::string(Precision::name) +
-                       (Precision::scales_loss ? " with a loss scaler" : "") + ", " +
-                       std::string(Parallel::name);
+                       (Precision::scales_loss ? " with a loss scaler" : "") +
+                       (parallel ? ", " + std::string(Parallel::name) : std::string());
     if constexpr (!std::is_same_v<Loss, model::softmax_cross_entropy>) {
       text += ", loss " + std::string(Loss::name);
     }
-    if (const std::string keys =
-            config::policy_settings_text<Batch, Precision, Parallel, Loss>(cfg);
-        !keys.empty()) {
+    const std::string keys =
+        parallel ? config::policy_settings_text<Batch, Precision, Parallel, Loss>(cfg)
+                 : config::policy_settings_text<Batch, Precision, Loss>(cfg);
+    if (!keys.empty()) {
       text += "; " + keys;
     }
     return text;
@@ -467,22 +481,54 @@ model::tensor_context tensor_context_of(Executor& e) {
   }
 }
 
-// The checkpoint state with the split of a pipeline's layers (when there is one) recorded as
-// "layers_per_stage", which check_layer_split compares on resume.
-inline nlohmann::json with_layer_split(nlohmann::json state, const std::string& split) {
+// The layout a checkpoint is written under, as the tensor manifest records it: a checkpoint
+// resumes under another one through checkpoint_reader (train/reshard.hpp).
+struct layout_id {
+  std::string text{};         // the policy, ranks, tensor size, optimizer shards, split
+  std::uint64_t samples = 0;  // a loader batch over every data-parallel rank
+  std::size_t state_per_parameter = 0;
+};
+
+template <class Executor>
+layout_id layout_of(std::string_view policy, const config::train_config& cfg, int world,
+                    const std::string& split, const Executor& e, std::size_t loader_batch,
+                    std::size_t state_per_parameter) {
+  return {.text = std::string(policy) + " on " + std::to_string(world) + " ranks (tensor " +
+                  std::to_string(cfg.tensor_parallel_size) + ", optimizer shards " +
+                  std::to_string(Executor::shards(cfg, world)) +
+                  (split.empty() ? std::string() : ", layers per stage " + split) + ")",
+          .samples = loader_batch * static_cast<std::uint64_t>(e.data_shard().shards),
+          .state_per_parameter = state_per_parameter};
+}
+
+// `state` with the stages' split (`split`, as rank_layers_of gives it; empty: none) as
+// "layers_per_stage" and the tensor manifest (null on ranks that do not write) as "tensors".
+inline nlohmann::json with_layout(nlohmann::json state, const std::string& split,
+                                  nlohmann::json manifest) {
   if (!split.empty()) {
     state["layers_per_stage"] = split;
+  }
+  if (!manifest.is_null()) {
+    state["tensors"] = std::move(manifest);
   }
   return state;
 }
 
-// Throws config_error naming policy.pipeline_split when `checkpoint` was written by stages that
-// held other layers than this run's (`split`, as rank_layers_of gives it): a split balanced from
-// a probe of the layers can come out otherwise in a new process, and a stage's blobs hold its own
-// layers only. Nothing is read or written before it.
+// Collective over `group`: the tensor manifest of a checkpoint (on rank 0; null elsewhere).
+// `samples`: a loader batch over every data-parallel rank.
+template <class Executor>
+nlohmann::json manifest_of(const Executor& e, const model::param_store& params,
+                           comm::any_comm* group, const layout_id& layout) {
+  return tensor_manifest(group, describe_rank(params, params_blob_of(e), optimizer_blobs_of(e)),
+                         layout.text, layout.samples, layout.state_per_parameter);
+}
+
+// Throws config_error naming policy.pipeline_split when `checkpoint`, written before checkpoints
+// carried a tensor manifest, was written by stages that held other layers than this run's: its
+// stages' blobs hold their own layers only. Nothing is read or written before it.
 inline void check_layer_split(const loaded_checkpoint& checkpoint, const std::string& split) {
   const nlohmann::json& s = checkpoint.state;
-  if (split.empty() || !s.contains("layers_per_stage")) {
+  if (split.empty() || !s.contains("layers_per_stage") || s.contains("tensors")) {
     return;
   }
   const std::string written = s.at("layers_per_stage").get<std::string>();
@@ -490,12 +536,44 @@ inline void check_layer_split(const loaded_checkpoint& checkpoint, const std::st
     throw config_error(
         {.key = "policy.pipeline_split", .file = {}, .line = 0, .column = 0},
         "the checkpoint " + checkpoint.info.path.string() + " was written by stages of " + written +
-            " layers, this run's balanced split is " + split +
-            " (pipeline_balance = measured probes the layers anew in every process); a pipeline "
-            "resumes under the split that wrote it (loading under another is not written yet). "
-            "The checkpoint is untouched; runs started with pipeline_balance = \"estimated\" (the "
-            "default) or a fixed [policy] pipeline_split cut alike in every process");
+            " layers, this run's split is " + split +
+            " and the checkpoint has no tensor manifest to cut its stages anew (written by an "
+            "earlier strata). The checkpoint is untouched: resume it under its own split");
   }
+}
+
+// How this rank reads `checkpoint`: as written, or cut anew when it was written under another
+// layout (said in the log). A checkpoint whose loader batches held another number of samples
+// over all data-parallel ranks (`samples`) is a config_error naming batch_size_per_gpu: its
+// position in the epoch counts those batches.
+template <class Executor>
+checkpoint_reader reader_for(const loaded_checkpoint& checkpoint, const Executor& e,
+                             const model::param_store& params, const layout_id& layout,
+                             const std::string& split, progress& bar) {
+  check_layer_split(checkpoint, split);
+  checkpoint_reader read(checkpoint, layout.text,
+                         describe_rank(params, params_blob_of(e), optimizer_blobs_of(e)), params,
+                         layout.state_per_parameter);
+  if (!read.reshards()) {
+    return read;
+  }
+  const nlohmann::json& t = checkpoint.state.at("tensors");
+  const auto then =
+      t.contains("samples_per_batch") && t.at("samples_per_batch").is_number_unsigned()
+          ? t.at("samples_per_batch").get<std::uint64_t>()
+          : 0;
+  if (then != layout.samples) {
+    throw config_error({.key = "batch_size_per_gpu", .file = {}, .line = 0, .column = 0},
+                       "the checkpoint " + checkpoint.info.path.string() + " (" +
+                           read.written_under() + ") took " + std::to_string(then) +
+                           " samples per loader batch over its data-parallel ranks, this run (" +
+                           layout.text + ") " + std::to_string(layout.samples) +
+                           ": give batch_size_per_gpu x data-parallel ranks the checkpoint's "
+                           "product to continue it");
+  }
+  bar.message("checkpoint " + checkpoint.info.name + " was written under " + read.written_under() +
+              ": its tensors are cut anew for " + layout.text);
+  return read;
 }
 
 // Where a resumed run continues: `epoch` epochs done and `next_batch` batches of the next, from

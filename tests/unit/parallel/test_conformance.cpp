@@ -78,14 +78,14 @@ TEST_CASE("parallel conformance: compressed gradients (no one-rank claim)") {
   cast.gradient_compression = sc::compression_kind::bfloat16;
   check(strata::conformance::run_parallel_suite<
             par::data<par::all_reduce, par::compress::cast<strata::bfloat16>>>(
-            {.name = "cast", .ranks = 2, .cfg = cast}),
+            {.name = "cast", .ranks = 2, .cfg = cast, .relayout = false}),
         "data<all_reduce, cast<bfloat16>>");
   auto topk = base();
   topk.gradient_sync = sc::gradient_sync_kind::all_gather;
   topk.gradient_compression = sc::compression_kind::topk;
   topk.topk_ratio = 0.1;
   check(strata::conformance::run_parallel_suite<par::data<par::all_gather, par::compress::topk>>(
-            {.name = "topk", .ranks = 2, .cfg = topk}),
+            {.name = "topk", .ranks = 2, .cfg = topk, .relayout = false}),
         "data<all_gather, topk>");
 }
 
@@ -136,13 +136,19 @@ TEST_CASE("parallel conformance: pipelines (stages hold different layers)") {
 TEST_CASE("parallel conformance: a user's local SGD") {
   auto every = base();
   every.policy["local_sgd_period"] = "1";
-  check(strata::conformance::run_parallel_suite<local_sgd>(
-            {.name = "local_sgd_1", .ranks = 2, .cfg = every, .one_rank_tolerance = 1e-4}),
+  check(strata::conformance::run_parallel_suite<local_sgd>({.name = "local_sgd_1",
+                                                            .ranks = 2,
+                                                            .cfg = every,
+                                                            .one_rank_tolerance = 1e-4,
+                                                            .relayout = false}),
         "local_sgd, period 1");
   auto apart = base();
   apart.policy["local_sgd_period"] = "3";  // 16 steps: the ranks end apart
-  check(strata::conformance::run_parallel_suite<local_sgd>(
-            {.name = "local_sgd_3", .ranks = 2, .cfg = apart, .same_params = false}),
+  check(strata::conformance::run_parallel_suite<local_sgd>({.name = "local_sgd_3",
+                                                            .ranks = 2,
+                                                            .cfg = apart,
+                                                            .same_params = false,
+                                                            .relayout = false}),
         "local_sgd, period 3");
 }
 

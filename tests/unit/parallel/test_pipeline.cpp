@@ -571,7 +571,9 @@ TEST_CASE("layer-wise model parallelism is a pipeline of one micro-batch") {
              one_rank(base_config("layerwise_one")));
 }
 
-TEST_CASE("a checkpoint written by stages of other layers is refused by name, not misread") {
+TEST_CASE(
+    "a checkpoint of stages of other layers: cut anew, or refused by name when it cannot be") {
+  // Written before checkpoints carried a tensor manifest: refused by name.
   strata::train::loaded_checkpoint c;
   c.info.path = "/ckpt/run-1/epoch-1";
   c.state = nlohmann::json{{"layers_per_stage", "3,5"}};
@@ -604,4 +606,31 @@ TEST_CASE("a checkpoint written by stages of other layers is refused by name, no
     }
   }
   CHECK(found);
+  // With its manifest, a named run stopped under 3,5 goes on under 6,2 as one rank trains.
+  auto named = base_config("split_changed");
+  named.pipeline_parallel_size = 2;
+  named.micro_batches = 2;
+  named.pipeline_schedule = strata::config::pipeline_schedule_kind::one_f_one_b;
+  named.run_name = "deep";
+  named.policy["pipeline_split"] = "3,5";
+  named.max_steps = 13;  // epoch 2, its third step
+  (void)pipelined<pl::one_f_one_b>(2, named);
+  named.max_steps = 0;
+  named.policy["pipeline_split"] = "6,2";
+  named.resume = strata::config::resume_mode::required;
+  const outcome rest = pipelined<pl::one_f_one_b>(2, named);
+  const outcome one = one_rank(base_config("split_changed_one"));
+  REQUIRE(rest.losses.size() + 13 == one.losses.size());
+  for (std::size_t i = 0; i < rest.losses.size(); ++i) {
+    CAPTURE(i);
+    CHECK(rest.losses[i] == doctest::Approx(one.losses[13 + i]).epsilon(1e-5));
+  }
+  for (const auto& [name, values] : one.tensors) {
+    CAPTURE(name);
+    const auto& got = rest.tensors.at(name);
+    REQUIRE(got.size() == values.size());
+    for (std::size_t i = 0; i < values.size(); ++i) {
+      CHECK(got[i] == doctest::Approx(values[i]).epsilon(1e-4).scale(1.0));
+    }
+  }
 }

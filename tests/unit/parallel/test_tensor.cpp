@@ -14,14 +14,18 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <fstream>
 #include <limits>
 #include <map>
 #include <mutex>
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "strata/comm/any_comm.hpp"
 #include "strata/comm/threads.hpp"
@@ -553,4 +557,193 @@ TEST_CASE("mesh through the trainer: the whole parameters' digest equals one ran
     std::copy(v.begin(), v.end(), store.value(e.name).begin());
   }
   CHECK(m.digest == strata::xxh3_hex(store.values()));
+}
+
+namespace {
+
+// A layout of the ViT's run: ranks (1: the single-rank trainer), sizes and the batch per rank
+// that keeps 64 samples a step.
+struct vit_layout {
+  int ranks = 1;
+  std::int64_t tp = 1;
+  std::int64_t pp = 1;
+  std::size_t batch = 64;
+};
+
+strata::config::train_config under(strata::config::train_config cfg, const vit_layout& l) {
+  cfg.tensor_parallel_size = l.tp;
+  cfg.pipeline_parallel_size = l.pp;
+  cfg.batch_size_per_gpu = l.batch;
+  cfg.zero_stage = 0;
+  if (l.pp > 1) {
+    cfg.micro_batches = 2;
+    cfg.pipeline_schedule = strata::config::pipeline_schedule_kind::one_f_one_b;
+  }
+  return cfg;
+}
+
+template <class Policy>
+mesh_outcome run_under(const vit_layout& l, strata::config::train_config cfg) {
+  cfg = under(cfg, l);
+  if constexpr (std::is_same_v<Policy, sp::single_rank>) {
+    return one_rank_vit(cfg);
+  } else {
+    if constexpr (std::is_same_v<Policy, sp::zero1>) {
+      cfg.zero_stage = 1;
+    }
+    return mesh_vit<Policy>(l.ranks, cfg);
+  }
+}
+
+// AdamW keeps two floats of state per parameter, SGD with momentum one.
+strata::config::train_config with_optimizer(strata::config::train_config cfg, bool adamw) {
+  if (adamw) {
+    cfg.optimizer = strata::config::optimizer_kind::adamw;
+    cfg.lr = 0.01;
+    // The keys' bias has no gradient but rounding (softmax ignores a shift of every key); AdamW
+    // with a tiny eps turns that noise, which differs with the layout's sums, into full steps.
+    cfg.adam_eps = 1e-3;
+  }
+  return cfg;
+}
+
+const mesh_outcome& reference_vit(bool adamw) {
+  static const mesh_outcome sgd = one_rank_vit(under(mesh_config("reshard_one"), {}));
+  static const mesh_outcome adam =
+      one_rank_vit(under(with_optimizer(mesh_config("reshard_one_adamw"), true), {}));
+  return adamw ? adam : sgd;
+}
+
+// A checkpoint of layout From loads under layout To: the parameters bit for bit after
+// gathering (a finished run resumed: nothing trained), and a run stopped mid-epoch continues
+// under To with one rank's losses and parameters.
+template <class From, class To>
+void check_resharded(const std::string& name, const vit_layout& from, const vit_layout& to,
+                     bool adamw = false) {
+  const mesh_outcome& one = reference_vit(adamw);
+  auto cfg = with_optimizer(mesh_config("reshard_" + name), adamw);
+  cfg.run_name = "vit";  // the layout may change under a named run
+  auto finished = cfg;
+  finished.epochs = 1;
+  finished.checkpoint_dir += "-finished";
+  const mesh_outcome saved = run_under<From>(from, finished);
+  finished.resume = strata::config::resume_mode::required;
+  const mesh_outcome loaded = run_under<To>(to, finished);
+  CHECK(loaded.losses.empty());
+  CHECK(loaded.tensors == saved.tensors);
+
+  auto stopped = cfg;
+  stopped.max_steps = 4;  // of 6 an epoch
+  (void)run_under<From>(from, stopped);
+  cfg.resume = strata::config::resume_mode::required;
+  const mesh_outcome rest = run_under<To>(to, cfg);
+  REQUIRE(rest.losses.size() + 4 == one.losses.size());
+  for (std::size_t i = 0; i < rest.losses.size(); ++i) {
+    CAPTURE(i);
+    CHECK(rest.losses[i] == doctest::Approx(one.losses[4 + i]).epsilon(1e-5));
+  }
+  CHECK(rest.test_accuracy == one.test_accuracy);
+  REQUIRE(rest.tensors.size() == one.tensors.size());
+  for (const auto& [tensor, values] : rest.tensors) {
+    CAPTURE(tensor);
+    check_close(values, one.tensors.at(tensor), 1e-4, "parameters");
+  }
+}
+
+using tp_dp = sp::tensor<sp::data<>>;
+using tp_pp = sp::tensor<sp::pipeline<strata::pipeline::one_f_one_b>>;
+
+}  // namespace
+
+TEST_CASE("checkpoints across layouts: saved under one mesh, resumed under another") {
+  const vit_layout one_rank{};
+  SUBCASE("dp 2 x tp 2 -> dp 4") {
+    check_resharded<tp_dp, sp::data<>>("dp2tp2_dp4", {.ranks = 4, .tp = 2, .batch = 32},
+                                       {.ranks = 4, .batch = 16});
+  }
+  SUBCASE("tp 2 x pp 2 -> one rank") {
+    check_resharded<tp_pp, sp::single_rank>("tp2pp2_one", {.ranks = 4, .tp = 2, .pp = 2}, one_rank);
+  }
+  SUBCASE("zero1 over 4 ranks -> one rank") {
+    check_resharded<sp::zero1, sp::single_rank>("zero1_one", {.ranks = 4, .batch = 16}, one_rank);
+  }
+  SUBCASE("one rank -> tp 2 x pp 2") {
+    check_resharded<sp::single_rank, tp_pp>("one_tp2pp2", one_rank, {.ranks = 4, .tp = 2, .pp = 2});
+  }
+  SUBCASE("dp 4 -> tp 4, and with AdamW zero1 -> dp 2 x tp 2") {
+    check_resharded<sp::data<>, tp_dp>("dp4_tp4", {.ranks = 4, .batch = 16}, {.ranks = 4, .tp = 4});
+    check_resharded<sp::zero1, tp_dp>("zero1_dp2tp2", {.ranks = 4, .batch = 16},
+                                      {.ranks = 4, .tp = 2, .batch = 32}, true);
+  }
+}
+
+TEST_CASE("checkpoints across layouts: what cannot move is refused by name") {
+  auto cfg = mesh_config("reshard_refused");
+  cfg.run_name = "vit";
+  cfg.epochs = 1;
+  (void)run_under<tp_dp>({.ranks = 4, .tp = 2, .batch = 32}, cfg);
+  cfg.epochs = 2;
+  cfg.resume = strata::config::resume_mode::required;
+  const fs::path manifest = fs::path(cfg.checkpoint_dir) / "vit" / "epoch-1" / "manifest.json";
+  const auto rewrite = [&](const auto& change) {
+    nlohmann::json m = nlohmann::json::parse(std::ifstream(manifest));
+    change(m.at("state").at("tensors"));
+    std::ofstream(manifest) << m.dump();
+  };
+  const auto error_under_dp4 = [&](auto c) {
+    try {
+      (void)run_under<sp::data<>>({.ranks = 4, .batch = 16}, c);
+    } catch (const std::exception& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  SUBCASE("another batch over the data-parallel ranks names batch_size_per_gpu") {
+    auto c = cfg;
+    c.epochs = 2;
+    const std::string m = [&] {
+      try {
+        (void)run_under<sp::data<>>({.ranks = 4, .batch = 8}, c);
+      } catch (const strata::config_error& e) {
+        return std::string(e.what());
+      }
+      return std::string("no error");
+    }();
+    CHECK(m.find("batch_size_per_gpu") != std::string::npos);
+    CHECK(m.find("took 64 samples per loader batch") != std::string::npos);
+  }
+  SUBCASE("a tensor the manifest does not have names the parameter") {
+    rewrite([](nlohmann::json& t) {
+      for (auto& store : t.at("stores")) {
+        for (auto& e : store) {
+          if (e.at(0) == "3.1.out_weight") {
+            e.at(0) = "3.1.renamed";
+          }
+        }
+      }
+    });
+    const std::string m = error_under_dp4(cfg);
+    CHECK(m.find("checkpoint error") != std::string::npos);
+    CHECK(m.find("parameter 3.1.out_weight") != std::string::npos);
+    CHECK(m.find("is not in the checkpoint") != std::string::npos);
+  }
+  SUBCASE("a file the manifest does not describe stays with its layout") {
+    rewrite([](nlohmann::json& t) { t.at("files").erase("tp-1.rank-0.optimizer.bin"); });
+    const std::string m = error_under_dp4(cfg);
+    CHECK(m.find("tp-1.rank-0.optimizer.bin holds state of the layout that wrote it") !=
+          std::string::npos);
+  }
+  SUBCASE("a slice missing from every file names the parameter") {
+    rewrite([](nlohmann::json& t) {
+      for (auto& store : t.at("stores")) {
+        for (auto& e : store) {
+          if (e.at(0) == "1.1.q_weight") {
+            e.at(5) = e.at(5).get<std::size_t>() - 1;  // one row short
+          }
+        }
+      }
+    });
+    const std::string m = error_under_dp4(cfg);
+    CHECK(m.find("elements of parameter 1.1.q_weight") != std::string::npos);
+  }
 }

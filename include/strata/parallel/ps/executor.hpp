@@ -189,6 +189,18 @@ class ps_executor : public synced_executor {
     }
   }
 
+  // "optimizer.shards.bin": every server's shard in server order (top-k's residuals are per
+  // rank: not described, so such a checkpoint resumes under its own layout only).
+  std::vector<optimizer_blob> optimizer_blobs() const {
+    const auto count = static_cast<std::size_t>(shards(cfg(), world_size()));
+    const std::size_t size = ctx_.master.size() / count;
+    optimizer_blob b{.name = "optimizer.shards.bin", .shards = {}};
+    for (std::size_t s = 0; s < count; ++s) {
+      b.shards.emplace_back(s * size, size);
+    }
+    return {b};
+  }
+
   void end_fit(std::uint64_t step) {
     if (dedicated_ && (async_ || group_->rank() == 0)) {
       send_to_servers(*world_, *ps_, server_command::finish, step, 0.0, 1.0);
