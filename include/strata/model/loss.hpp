@@ -17,7 +17,10 @@
 //      args.grad_logits is not empty it WRITES the gradient of the summed loss with respect to
 //      each output, times args.grad_scale (args.classes is the outputs per sample, the model's
 //      output elements; args.labels holds one label per sample). A pure function of its
-//      arguments: every rank and every recomputation gets the same numbers.
+//      arguments: every rank and every recomputation gets the same numbers. args.tensor is the
+//      tensor-parallel group of the model's last layer (requirement 10 of model/concepts.hpp);
+//      a loss over whole outputs ignores it, one over outputs split by class reduces over it
+//      (parallel::class_parallel_cross_entropy).
 //
 // check_loss<L>() names each requirement L misses in its own static_assert.
 
@@ -31,6 +34,7 @@
 
 #include "strata/core/policy.hpp"
 #include "strata/core/shape.hpp"
+#include "strata/model/concepts.hpp"
 
 namespace strata::model {
 
@@ -41,6 +45,7 @@ struct loss_args {
   std::span<const std::int32_t> labels{};  // batch
   std::span<float> grad_logits{};          // batch x classes; empty: no gradient
   float grad_scale = 1.0f;                 // the gradient of the summed loss, times this
+  tensor_context tensor{};                 // where the outputs are split by class (else one rank)
 };
 
 // What a batch (or, summed with +=, several) contributed.

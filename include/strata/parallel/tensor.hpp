@@ -181,6 +181,9 @@ struct column_parallel_linear {
   std::size_t in = 0;
   std::size_t out = 0;
   bool bias = true;
+  // false: no gather; rank r's outputs stay in their columns of y, the others zero (the class-
+  // parallel output of parallel/class_parallel.hpp, read only by its loss).
+  bool gather_output = true;
 
   sample_shape output_shape(const sample_shape& input) const {
     return detail::tensor_output_shape(name, input, in, out);
@@ -200,7 +203,7 @@ struct column_parallel_linear {
                                  const model::tensor_place& place) const {
     const std::size_t n = batch * detail::tensor_rows(input, in);
     const std::size_t part = detail::tensor_part(name, "out", out, place);
-    return place.size == 1 ? 0 : n * part + n * out;
+    return place.size == 1 ? 0 : n * part + (gather_output ? n * out : 0);
   }
 
   model::layer_cost cost(const sample_shape& input) const {
@@ -222,16 +225,22 @@ struct column_parallel_linear {
       return;
     }
     const bool bf16 = args.storage == dtype::bfloat16;
-    float* mine = place.size == 1 ? args.output.data() : args.workspace.data();
+    // Into its own columns of y when not gathered; else its block, gathered below.
+    const bool in_place = place.size == 1 || !gather_output;
+    float* mine = in_place ? args.output.data() + place.rank * part : args.workspace.data();
+    const std::size_t ld = in_place ? out : part;
+    if (place.size > 1 && !gather_output) {
+      std::fill(args.output.begin(), args.output.end(), 0.0f);
+    }
     if (bias) {
       model::gemm_bias({.transpose_b = true, .bfloat16_inputs = bf16}, n, part, in,
                        args.input.data(), in, args.params.data(), in,
-                       args.params.data() + part * in, mine, part);
+                       args.params.data() + part * in, mine, ld);
     } else {
       model::gemm({.transpose_b = true, .bfloat16_inputs = bf16}, n, part, in, 1.0f,
-                  args.input.data(), in, args.params.data(), in, 0.0f, mine, part);
+                  args.input.data(), in, args.params.data(), in, 0.0f, mine, ld);
     }
-    if (place.size > 1) {
+    if (!in_place) {
       float* blocks = args.workspace.data() + n * part;
       args.tensor.all_gather({mine, n * part}, {blocks, n * out});
       detail::interleave_blocks(blocks, n, part, place.size, args.output.data());

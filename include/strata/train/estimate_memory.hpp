@@ -47,6 +47,9 @@ struct estimate_options {
   // Ranks the optimizer state is sharded over (parallel::zero1); the parameters are then padded
   // to a multiple of shards x 16 floats.
   std::size_t shards = 1;
+  // A rank of a tensor-parallel group (requirement 10 of model/concepts.hpp): its slices of the
+  // split tensors and its layers' workspace at that place.
+  model::tensor_place tensor{};
 
   friend bool operator==(const estimate_options&, const estimate_options&) = default;
 };
@@ -108,7 +111,7 @@ memory_estimate estimate_memory(const Model& model, std::size_t batch,
     for (const auto& group : model.parameter_groups()) {
       count = (count + 15) / 16 * 16;
       for (const model::param_spec& spec : group) {
-        count += spec.elements();
+        count += model::local_spec(spec, options.tensor).elements();
       }
     }
   } else {
@@ -135,7 +138,8 @@ memory_estimate estimate_memory(const Model& model, std::size_t batch,
   std::size_t workspace = 0;
   if constexpr (requires { model.workspace_floats(batch, model::workspace_config{}); }) {
     workspace = model.workspace_floats(
-        batch, model::workspace_config{.checkpoint_every = options.checkpoint_every});
+        batch, model::workspace_config{.checkpoint_every = options.checkpoint_every,
+                                       .tensor = options.tensor});
   } else {
     workspace = model.workspace_floats(batch);
   }

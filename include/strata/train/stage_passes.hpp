@@ -142,7 +142,8 @@ class model_stage_passes final : public parallel::stage_passes {
                            .logits = output,
                            .labels = b.labels,
                            .grad_logits = grad,
-                           .grad_scale = grad.empty() ? 1.0f : grad_scale_});
+                           .grad_scale = grad.empty() ? 1.0f : grad_scale_,
+                           .tensor = s_.tensor});
   }
 
   std::span<const float> backward(int chunk, std::size_t slot, std::span<const float> grad_output,

@@ -114,7 +114,8 @@ eval_result evaluate_batches(const Model& m, typename Model::workspace_type& wor
                                                 .logits = logits,
                                                 .labels = b->labels,
                                                 .grad_logits = {},
-                                                .grad_scale = 1.0f});
+                                                .grad_scale = 1.0f,
+                                                .tensor = tensor});
     loss_sum += r.loss_sum;
     correct += r.correct;
     out.samples += b->size;
@@ -315,7 +316,8 @@ class step_runner {
                                                       .logits = logits,
                                                       .labels = b.labels,
                                                       .grad_logits = grad,
-                                                      .grad_scale = grad_scale_});
+                                                      .grad_scale = grad_scale_,
+                                                      .tensor = p_.tensor});
     if (overlapped_) {
       detail::backward_into_buckets(p_.model, work_, p, grad, *reducer_);
       return loss;

@@ -43,9 +43,11 @@
 #include "strata/model/sequential.hpp"
 #include "strata/model/softmax_cross_entropy.hpp"
 #include "strata/model/token_mean.hpp"
+#include "strata/parallel/class_parallel.hpp"
 #include "strata/parallel/data.hpp"
 #include "strata/parallel/pipeline.hpp"
 #include "strata/pipeline/one_f_one_b.hpp"
+#include "strata/train/estimate_memory.hpp"
 #include "strata/train/trainer.hpp"
 #include "unit/common/vit.hpp"
 #include "unit/model/gradient_check.hpp"
@@ -75,6 +77,14 @@ auto small_vit() {
       sm::layer_norm{.features = d}, sm::token_mean{}, sm::linear{.in = d, .out = 4});
 }
 
+// A classifier of 8 classes split over the tensor group (its logits not gathered).
+auto class_head() {
+  return sm::sequential(sample_shape{.channels = 1, .height = 1, .width = 12},
+                        sp::column_parallel_linear{.in = 12, .out = 8}, sm::gelu{},
+                        sp::row_parallel_linear{.in = 8, .out = 6}, sm::gelu{},
+                        sp::class_parallel_linear(6, 8));
+}
+
 auto column_row() {
   return sm::sequential(sample_shape{.channels = 1, .height = 1, .width = 12},
                         sp::column_parallel_linear{.in = 12, .out = 8}, sm::gelu{},
@@ -91,7 +101,7 @@ struct run_record {
   std::vector<float> initial;
 };
 
-template <class Model>
+template <class Model, class Loss = sm::softmax_cross_entropy>
 run_record train(const Model& m, sm::tensor_context tensor, std::size_t batch, int steps) {
   auto params = m.make_params({.tensor = tensor.place});
   params.initialize(9);
@@ -100,10 +110,10 @@ run_record train(const Model& m, sm::tensor_context tensor, std::size_t batch, i
   const auto x = random_values(batch * m.input_shape().elements(), 3);
   std::vector<std::int32_t> labels(batch);
   for (std::size_t i = 0; i < batch; ++i) {
-    labels[i] = static_cast<std::int32_t>(i % classes);
+    labels[i] = static_cast<std::int32_t>((i * 5 + 3) % classes);  // spread over the classes
   }
   std::vector<float> grad(batch * classes);
-  const sm::softmax_cross_entropy loss;
+  const Loss loss;
   run_record out;
   out.initial.assign(params.values().begin(), params.values().end());
   for (int step = 0; step < steps; ++step) {
@@ -116,7 +126,8 @@ run_record train(const Model& m, sm::tensor_context tensor, std::size_t batch, i
                                   .logits = logits,
                                   .labels = labels,
                                   .grad_logits = grad,
-                                  .grad_scale = 1.0f / static_cast<float>(batch)});
+                                  .grad_scale = 1.0f / static_cast<float>(batch),
+                                  .tensor = tensor});
     out.losses.push_back(r.loss_sum / static_cast<double>(batch));
     params.zero_grads();
     m.backward(work, params, grad);
@@ -161,17 +172,32 @@ void check_close(std::span<const float> got, std::span<const float> want, double
                                << " elements differ, largest difference " << worst);
 }
 
-template <class Model>
+// The logits a rank of a class-parallel output holds: its classes' columns, zeros elsewhere.
+std::vector<float> own_classes(const std::vector<float>& logits, std::size_t classes, int rank,
+                               int tp) {
+  std::vector<float> out(logits.size(), 0.0f);
+  const std::size_t part = classes / static_cast<std::size_t>(tp);
+  const std::size_t first = static_cast<std::size_t>(rank) * part;
+  for (std::size_t i = 0; i < logits.size(); ++i) {
+    if (i % classes >= first && i % classes < first + part) {
+      out[i] = logits[i];
+    }
+  }
+  return out;
+}
+
+template <class Model, class Loss = sm::softmax_cross_entropy>
 void check_tensor_parallel_equals_one(const Model& m, int tp) {
+  constexpr bool split_logits = std::is_same_v<Loss, sp::class_parallel_cross_entropy>;
   const std::size_t batch = 4;
   const int steps = 5;
-  const run_record one = train(m, {}, batch, steps);
+  const run_record one = train<Model, Loss>(m, {}, batch, steps);
   const auto whole = m.make_params();
   std::mutex mu;
   std::vector<run_record> ranks(static_cast<std::size_t>(tp));
   strata::comm::threads::run(tp, [&](strata::comm::threads& group) {
     sp::comm_tensor_group<strata::comm::threads> tensor(group);
-    run_record r = train(m, tensor.context(), batch, steps);
+    run_record r = train<Model, Loss>(m, tensor.context(), batch, steps);
     const std::lock_guard lock(mu);
     ranks[static_cast<std::size_t>(group.rank())] = std::move(r);
   });
@@ -182,7 +208,10 @@ void check_tensor_parallel_equals_one(const Model& m, int tp) {
     const run_record& r = ranks[static_cast<std::size_t>(rank)];
     // The same initial model, sliced.
     CHECK(r.initial == slices_of(whole, one.initial, part));
-    check_close(r.logits, one.logits, 1e-5, "logits");
+    check_close(
+        r.logits,
+        split_logits ? own_classes(one.logits, m.output_shape().elements(), rank, tp) : one.logits,
+        1e-5, "logits");
     check_close(r.grads, slices_of(whole, one.grads, part), 1e-5, "parameter gradients");
     REQUIRE(r.losses.size() == one.losses.size());
     for (std::size_t s = 0; s < r.losses.size(); ++s) {
@@ -299,6 +328,10 @@ TEST_CASE("tensor parallelism: tp 2 and 4 give tp 1's model, outputs, gradients 
     }
     SUBCASE("a user's layer (requirement 10)") {
       check_tensor_parallel_equals_one(user_model(), tp);
+    }
+    SUBCASE("a class-parallel output and its cross-entropy") {
+      check_tensor_parallel_equals_one<decltype(class_head()), sp::class_parallel_cross_entropy>(
+          class_head(), tp);
     }
   }
 }
@@ -746,4 +779,101 @@ TEST_CASE("checkpoints across layouts: what cannot move is refused by name") {
     const std::string m = error_under_dp4(cfg);
     CHECK(m.find("elements of parameter 1.1.q_weight") != std::string::npos);
   }
+}
+
+namespace {
+
+// image_vit with its classifier split by classes over the tensor group.
+auto class_parallel_vit() {
+  constexpr std::size_t d = 16;
+  return sm::sequential(
+      sample_shape{.channels = 1, .height = 4, .width = 4},
+      sm::patch_embedding{.patch = 2, .dim = d},
+      sm::residual{sm::layer_norm{.features = d}, sm::self_attention{.dim = d, .heads = 4}},
+      sm::residual{sm::layer_norm{.features = d}, sp::parallel_mlp{.dim = d, .hidden = 32}},
+      sm::layer_norm{.features = d}, sm::token_mean{}, sp::class_parallel_linear(d, 4));
+}
+
+}  // namespace
+
+TEST_CASE("a class-parallel output through the trainer: dp 2 x tp 2 trains as one rank") {
+  using model_t = decltype(class_parallel_vit());
+  using loss = sp::class_parallel_cross_entropy;
+  auto cfg = mesh_config("class_parallel_one");
+  cfg.batch_size_per_gpu = 64;
+  mesh_outcome one;
+  {
+    st::trainer<model_t, loss> t(class_parallel_vit(), cfg, {.print_progress = false});
+    const auto summary = fit_images(t, &one.losses);
+    one.test_accuracy = summary.test_accuracy;
+    std::map<std::string, std::vector<char>> placed;
+    place_slices(t.params(), one.tensors, placed);
+  }
+  CHECK(one.losses.back() < one.losses.front());
+  auto c = mesh_config("class_parallel_dp2tp2");
+  c.world_size = 4;
+  c.tensor_parallel_size = 2;
+  mesh_outcome mesh;
+  std::map<std::string, std::vector<char>> placed;
+  std::mutex lock;
+  strata::comm::threads::run(4, [&](strata::comm::threads& group) {
+    st::trainer<model_t, sp::tensor<sp::data<>>, loss> t(
+        class_parallel_vit(), c, strata::comm::any_comm(group), {.print_progress = false});
+    std::vector<double> losses;
+    const auto summary = fit_images(t, group.rank() == 0 ? &losses : nullptr);
+    const std::lock_guard guard(lock);
+    if (group.rank() == 0) {
+      mesh.losses = losses;
+      mesh.test_accuracy = summary.test_accuracy;
+    }
+    place_slices(t.params(), mesh.tensors, placed);
+  });
+  check_same(mesh, one);
+}
+
+TEST_CASE("class-parallel cross-entropy: bad input is named, like softmax_cross_entropy's") {
+  const sp::class_parallel_cross_entropy loss;
+  const std::vector<float> logits(6, 0.0f);
+  const std::vector<std::int32_t> labels{0, 3};
+  CHECK_THROWS_WITH_AS(
+      loss.evaluate({.batch = 2, .classes = 3, .logits = logits, .labels = labels}),
+      doctest::Contains("label of sample 1 is 3"), std::invalid_argument);
+  // On two ranks, 3 classes do not split.
+  strata::comm::threads::run(2, [&](strata::comm::threads& group) {
+    sp::comm_tensor_group<strata::comm::threads> tensor(group);
+    const std::vector<std::int32_t> fine{0, 1};
+    CHECK_THROWS_WITH_AS(loss.evaluate({.batch = 2,
+                                        .classes = 3,
+                                        .logits = logits,
+                                        .labels = fine,
+                                        .tensor = tensor.context()}),
+                         doctest::Contains("classes"), std::invalid_argument);
+  });
+}
+
+TEST_CASE("estimate_memory for a rank of a tensor group: the slices and workspace it holds") {
+  const auto m = small_vit();
+  const std::size_t batch = 8;
+  std::size_t previous = 0;
+  for (const std::size_t tp : {1, 4, 2}) {
+    CAPTURE(tp);
+    for (std::size_t rank = 0; rank < tp; ++rank) {
+      const sm::tensor_place place{.rank = rank, .size = tp};
+      const auto e =
+          st::estimate_memory(m, batch, {.optimizer_state_per_parameter = 2, .tensor = place});
+      CHECK(e.parameter_count == m.make_params({.tensor = place}).size());
+      CHECK(e.optimizer_state == (e.parameter_count * 2 * sizeof(float) + 63) / 64 * 64);
+      const std::size_t logits_bytes = (batch * 4 * sizeof(float) + 63) / 64 * 64;
+      CHECK(e.activations ==
+            m.make_workspace(batch, {.tensor = place}).floats() * sizeof(float) + logits_bytes);
+      if (tp == 4) {
+        previous = e.parameter_count;
+      }
+      if (tp == 2) {
+        CHECK(e.parameter_count > previous);  // half the split tensors, not a quarter
+      }
+    }
+  }
+  CHECK(st::estimate_memory(m, batch, {.tensor = {.rank = 0, .size = 2}}).parameter_count <
+        st::estimate_memory(m, batch).parameter_count);
 }
