@@ -52,6 +52,7 @@
 #include <nlohmann/json.hpp>
 
 #include "../common/args.hpp"
+#include "../common/spawn.hpp"
 
 #include "strata/comm/any_comm.hpp"
 #include "strata/comm/threads.hpp"
@@ -279,42 +280,6 @@ int mpi_worker(const options& o) {
 }
 #endif
 
-// The last line of a command's output that parses as a JSON object; nullopt if none.
-std::optional<nlohmann::json> run_json(const std::string& command) {
-  std::unique_ptr<FILE, int (*)(FILE*)> pipe(::popen(command.c_str(), "r"), ::pclose);
-  if (!pipe) {
-    return std::nullopt;
-  }
-  std::string out;
-  char chunk[4096];
-  while (std::fgets(chunk, sizeof chunk, pipe.get()) != nullptr) {
-    out += chunk;
-  }
-  std::optional<nlohmann::json> last;
-  std::size_t start = 0;
-  while (start < out.size()) {
-    std::size_t end = out.find('\n', start);
-    if (end == std::string::npos) {
-      end = out.size();
-    }
-    const std::string line = out.substr(start, end - start);
-    if (!line.empty() && line.front() == '{') {
-      try {
-        last = nlohmann::json::parse(line);
-      } catch (const nlohmann::json::exception&) {
-      }
-    }
-    start = end + 1;
-  }
-  return last;
-}
-
-std::string self_path() {
-  std::error_code ec;
-  const auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
-  return ec ? std::string("bench_data_parallel") : exe.string();
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -385,13 +350,13 @@ int main(int argc, char** argv) {
       for (std::size_t r = 0; r < o.repeats; ++r) {
         for (std::size_t k = 0; k < std::size(launches); ++k) {
           const std::string command =
-              "mpiexec -n 2 --allow-run-as-root --oversubscribe --bind-to none " + self_path() +
-              " --mpi-worker --data-dir " + o.data_dir + " --global " + std::to_string(o.global) +
-              " --steps " + std::to_string(o.steps) + " --warmup " + std::to_string(o.warmup) +
-              " --loader-workers " + std::to_string(o.loader_workers) + " --bucket-mb " +
-              std::to_string(o.bucket_mb) + " --bucket-launch " + launches[k].second +
-              " 2>/dev/null";
-          if (auto j = run_json(command); j && j->contains("samples_per_s")) {
+              "mpiexec -n 2 --allow-run-as-root --oversubscribe --bind-to none " +
+              bench::self_path("bench_data_parallel") + " --mpi-worker --data-dir " + o.data_dir +
+              " --global " + std::to_string(o.global) + " --steps " + std::to_string(o.steps) +
+              " --warmup " + std::to_string(o.warmup) + " --loader-workers " +
+              std::to_string(o.loader_workers) + " --bucket-mb " + std::to_string(o.bucket_mb) +
+              " --bucket-launch " + launches[k].second + " 2>/dev/null";
+          if (auto j = bench::run_json(command); j && j->contains("samples_per_s")) {
             mpi_runs[k].push_back(j->at("samples_per_s").get<double>());
           }
         }
@@ -423,7 +388,7 @@ int main(int argc, char** argv) {
           {"PyTorch 1 process, 1 thread", " --mode single --threads 1"},
           {"PyTorch 1 process, 2 threads", " --mode single --threads 2"}};
       for (const auto& [name, args] : runs) {
-        if (auto j = run_json(python + " " + script + args + common);
+        if (auto j = bench::run_json(python + " " + script + args + common);
             j && j->contains("samples_per_s")) {
           const double rate = j->at("samples_per_s").get<double>();
           rows.push_back({name, rate, rate, rate});

@@ -7,13 +7,14 @@
 //    thread each; seconds per pass (median of --repeats), the speedup, and the share of rank 0's
 //    time inside the tensor group's collectives (timed around each all-reduce / all-gather).
 // 2. The whole step of example 04's ViT (dim 64, 16 tokens, batch 128) through the trainer on
-//    synthetic 28 x 28 images: samples per second on 1 rank (1 and 2 BLAS threads) and on tp 2
-//    (2 thread ranks, 1 BLAS thread each).
+//    synthetic 28 x 28 images: samples per second on 1 rank (1 and 2 BLAS threads), on tp 2
+//    (2 thread ranks, 1 BLAS thread each) and, where built with MPI, on tp 2 over 2 processes
+//    (this program again under mpiexec, 1 BLAS thread each).
 // 3. Memory per rank of the block model for tp 1, 2, 4: parameters and activation workspace
-//    (floats the store and workspace hold), beside estimate_memory (which counts one rank of a
-//    group of one: the model whole).
+//    (floats the store and workspace hold), beside estimate_memory for that rank of the group.
 //
 //   build/bench/bench_tensor [--dim 256] [--tokens 64] [--batch 16] [--repeats 7] [--steps 30]
+//                            [--no-mpi]
 //
 // Formulas: docs/benchmarks.md.
 
@@ -27,6 +28,7 @@
 
 #include "../common/args.hpp"
 #include "../common/machine.hpp"
+#include "../common/spawn.hpp"
 #include "strata/comm/any_comm.hpp"
 #include "strata/comm/threads.hpp"
 #include "strata/core/cpu_features.hpp"
@@ -41,6 +43,10 @@
 #include "strata/train/estimate_memory.hpp"
 #include "strata/train/trainer.hpp"
 
+#ifdef STRATA_BENCH_MPI
+#include "strata/comm/mpi.hpp"
+#endif
+
 namespace sm = strata::model;
 namespace sp = strata::parallel;
 namespace st = strata::train;
@@ -54,6 +60,8 @@ struct options {
   std::size_t batch = 16;
   std::size_t repeats = 7;
   std::size_t steps = 30;
+  bool mpi = true;          // the MPI row, where built with MPI
+  bool mpi_worker = false;  // a process of that row's mpiexec job
 };
 
 options parse(int argc, char** argv) {
@@ -71,6 +79,10 @@ options parse(int argc, char** argv) {
       o.repeats = std::stoul(value());
     } else if (a == "--steps") {
       o.steps = std::stoul(value());
+    } else if (a == "--no-mpi") {
+      o.mpi = false;
+    } else if (a == "--mpi-worker") {
+      o.mpi_worker = true;
     } else {
       std::fprintf(stderr, "bench_tensor: unknown option %s\n", a.c_str());
       std::exit(2);
@@ -208,10 +220,37 @@ double samples_per_second(const st::fit_summary& s) {
   return s.samples_per_second;
 }
 
+#ifdef STRATA_BENCH_MPI
+// One process of the tp 2 job over MPI; rank 0 prints {"samples_per_s": ...}.
+int mpi_worker(const options& o) {
+  strata::comm::mpi_environment environment;
+  auto world = strata::comm::mpi::world();
+  sm::set_blas_threads(1);
+  auto cfg = step_config(o, "tp2-mpi");
+  cfg.world_size = world.size();
+  cfg.tensor_parallel_size = world.size();
+  cfg.communication_backend = strata::config::comm_backend_kind::mpi;
+  const auto vit = example_vit();
+  st::trainer<decltype(vit), sp::tensor<sp::data<>>> t(vit, cfg, strata::comm::any_comm(world),
+                                                       {.print_progress = false});
+  const auto s = t.fit(noise_images{}, strata::data::identity{}, noise_images{.n = 1},
+                       strata::data::identity{});
+  if (world.rank() == 0) {
+    std::printf("{\"samples_per_s\": %.3f}\n", samples_per_second(s));
+  }
+  return 0;
+}
+#endif
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const options o = parse(argc, argv);
+#ifdef STRATA_BENCH_MPI
+  if (o.mpi_worker) {
+    return mpi_worker(o);
+  }
+#endif
   const sm::gemm_environment env = sm::detect_gemm_environment();
   std::printf("# CPU: %s; %s; built for %s vectors\n", bench::cpu_model().c_str(),
               strata::describe(env.cpu).c_str(), strata::to_string(strata::compiled_isa()));
@@ -260,21 +299,42 @@ int main(int argc, char** argv) {
   }
   std::printf(
       "   1 rank, 1 BLAS thread:  %.0f samples/s\n   1 rank, 2 BLAS threads: %.0f samples/s\n"
-      "   tp 2 (1 BLAS thread each): %.0f samples/s (%.2fx 1 thread, %.2fx 2 threads)\n\n",
+      "   tp 2 (1 BLAS thread each): %.0f samples/s (%.2fx 1 thread, %.2fx 2 threads)\n",
       single, single_two_threads, split, split / single, split / single_two_threads);
+#ifdef STRATA_BENCH_MPI
+  if (o.mpi) {
+    const std::string command = "mpiexec -n 2 --allow-run-as-root --oversubscribe --bind-to none " +
+                                bench::self_path("bench_tensor") + " --mpi-worker --steps " +
+                                std::to_string(o.steps) + " 2>&1";
+    if (const auto j = bench::run_json(command); j && j->contains("samples_per_s")) {
+      const double over_mpi = j->at("samples_per_s").get<double>();
+      std::printf(
+          "   tp 2 over MPI (2 processes, 1 BLAS thread each): %.0f samples/s (%.2fx 1 "
+          "thread, %.2fx 2 threads)\n",
+          over_mpi, over_mpi / single, over_mpi / single_two_threads);
+    } else {
+      std::printf("   tp 2 over MPI: the mpiexec job printed no result (%s)\n", command.c_str());
+    }
+  }
+#else
+  std::printf("   tp 2 over MPI: not built (STRATA_ENABLE_MPI off)\n");
+#endif
+  std::printf("\n");
 
-  std::printf("3. memory per rank of the block model, batch %zu (MiB)\n", o.batch);
-  const auto estimate = st::estimate_memory(block, o.batch);
-  std::printf("   estimate_memory (tp 1): parameters %.2f, activations %.2f\n",
-              static_cast<double>(estimate.parameters) / (1 << 20),
-              static_cast<double>(estimate.activations) / (1 << 20));
+  std::printf("3. memory per rank of the block model, batch %zu (MiB): held / estimate_memory\n",
+              o.batch);
+  const auto mib = [](std::size_t bytes) { return static_cast<double>(bytes) / (1 << 20); };
   for (const std::size_t tp : {1, 2, 4}) {
     const sm::tensor_place place{.rank = 0, .size = tp};
     const auto params = block.make_params({.tensor = place});
     const auto work = block.make_workspace(o.batch, {.tensor = place});
-    std::printf("   tp %zu: parameters %.2f, workspace %.2f\n", tp,
-                static_cast<double>(params.size() * sizeof(float)) / (1 << 20),
-                static_cast<double>(work.floats() * sizeof(float)) / (1 << 20));
+    const auto estimate = st::estimate_memory(block, o.batch, {.tensor = place});
+    // estimate_memory counts the loss gradient beside the workspace, rounded to 64 bytes.
+    const std::size_t logits =
+        (o.batch * block.output_shape().elements() * sizeof(float) + 63) / 64 * 64;
+    std::printf("   tp %zu: parameters %.2f / %.2f, workspace %.2f / %.2f\n", tp,
+                mib(params.size() * sizeof(float)), mib(estimate.parameters),
+                mib(work.floats() * sizeof(float)), mib(estimate.activations - logits));
   }
   return 0;
 }
