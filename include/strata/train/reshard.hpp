@@ -8,7 +8,8 @@
 // flat parameters each holds), with its store's tensors by global name, whole shape, split and
 // the slice it holds. Rank 0 gathers the descriptions (collective over the trainer's group) and
 // writes them as the state's "tensors" manifest with the layout that wrote them:
-//   {"version": 1, "layout": "...", "samples_per_batch": N (a loader batch over every data-parallel rank), "state_per_parameter": k,
+//   {"version": 1, "layout": "...", "samples_per_batch": N (a loader batch over every data-parallel
+//   rank), "state_per_parameter": k,
 //    "stores": [[[name, rows, cols, split, first, local rows, local cols, offset], ...], ...],
 //    "files": {"rank-0.params.bin": {"store": 0, "holds": "params"},
 //              "rank-0.optimizer.bin": {"store": 0, "holds": "optimizer", "shards": [[0, n]]}}}
@@ -205,7 +206,7 @@ class checkpoint_reader {
   struct whole {
     std::size_t rows = 0, cols = 0;
     std::vector<float> values;
-    std::vector<float> state;  // slot s of element i at s x rows x cols + i
+    std::vector<float> state;                        // slot s of element i at s x rows x cols + i
     std::vector<std::uint8_t> has_value, has_state;  // per element: some file held it
   };
 
