@@ -52,7 +52,9 @@ struct class_parallel_cross_entropy {
   using policy_category = loss_tag;
   static constexpr std::string_view name = "class_parallel_cross_entropy";
 
-  void check_output(const sample_shape& out) const { model::softmax_cross_entropy{}.check_output(out); }
+  void check_output(const sample_shape& out) const {
+    model::softmax_cross_entropy{}.check_output(out);
+  }
 
   // On a group of one, softmax_cross_entropy's result. Throws std::invalid_argument as it does
   // (sizes, labels, grad_scale), and when the classes do not split over the group.

@@ -146,7 +146,7 @@ class checkpoint_reader {
     }
     const nlohmann::json& t = c.state.at("tensors");
     if (!t.is_object() || !t.contains("layout") || !t.at("layout").is_string()) {
-      fail("manifest", "its state's \"tensors\" has no layout");
+      fail("manifest.json", "its state's \"tensors\" has no layout");
     }
     from_ = t.at("layout").get<std::string>();
     reshards_ = from_ != layout;
