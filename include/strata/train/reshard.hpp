@@ -304,7 +304,9 @@ class checkpoint_reader {
     for (const auto& [name, f] : files.items()) {
       const std::vector<std::byte>& raw = c_->blob(name);
       std::vector<float> floats(raw.size() / sizeof(float));
-      std::memcpy(floats.data(), raw.data(), floats.size() * sizeof(float));
+      if (!floats.empty()) {  // an empty blob (SGD without momentum) may have no memory
+        std::memcpy(floats.data(), raw.data(), floats.size() * sizeof(float));
+      }
       const std::vector<slot>& store = stores.at(f.at("store").get<std::size_t>());
       if (f.at("holds") == "params") {
         for (const slot& s : store) {
