@@ -56,6 +56,50 @@ strata::config::train_config base_config(const std::string& name, bool shared) {
   return cfg;
 }
 
+// The reference: one process trains `one` alone; its step losses.
+template <class Trainer, class Train, class Test>
+std::vector<double> reference_losses(Trainer& one, const Train& train, const Test& test) {
+  std::vector<double> losses;
+  one.on_step([&](const st::step_metrics& m) { losses.push_back(m.loss); });
+  one.fit(train, sd::identity{}, test, sd::identity{});
+  return losses;
+}
+
+// This process's rank `t` of the job trains like the reference `one` (its `one_losses`): every
+// step's loss, this rank's slices of every tensor against the same slices of the reference's
+// (a stage's tensors whole), the test accuracy. Then a second job, `make_again()`, resumes from
+// the final checkpoint with the same params_xxh3. Returns the first job's summary.
+template <class Trainer, class Reference, class Make, class Train, class Test>
+st::fit_summary check_like_one_process(Trainer& t, Reference& one,
+                                       const std::vector<double>& one_losses, Make make_again,
+                                       const Train& train, const Test& test) {
+  std::vector<double> losses;
+  t.on_step([&](const st::step_metrics& m) { losses.push_back(m.loss); });
+  const st::fit_summary s = t.fit(train, sd::identity{}, test, sd::identity{});
+  REQUIRE(losses.size() == one_losses.size());
+  for (std::size_t i = 0; i < losses.size(); ++i) {
+    CHECK(losses[i] == doctest::Approx(one_losses[i]).epsilon(1e-5));
+  }
+  double worst = 0.0;
+  for (const auto& e : t.params().entries()) {
+    const auto mine = t.params().value(e.name);
+    std::vector<float> theirs(mine.size());
+    strata::model::param_store::copy_slice(e, one.params().value(e.name), theirs);
+    for (std::size_t i = 0; i < mine.size(); ++i) {
+      worst = std::max(worst, static_cast<double>(std::abs(mine[i] - theirs[i])));
+    }
+  }
+  CHECK(worst < 1e-4);
+  CHECK(s.test_accuracy ==
+        doctest::Approx(one.evaluate(test, sd::identity{}).accuracy).epsilon(1e-6));
+  // Every stage's and tensor rank's parameters come back.
+  auto again = make_again();
+  const st::fit_summary r = again.fit(train, sd::identity{}, test, sd::identity{});
+  CHECK_FALSE(r.resumed_from.empty());
+  CHECK(r.params_xxh3 == s.params_xxh3);
+  return s;
+}
+
 template <class Schedule>
 void check_pipeline(int stages, strata::config::pipeline_schedule_kind kind) {
   auto comm = mpi::world();
@@ -65,11 +109,9 @@ void check_pipeline(int stages, strata::config::pipeline_schedule_kind kind) {
   INFO(name);
   auto one_cfg = base_config(name + "-reference", false);
   one_cfg.batch_size_per_gpu = 32 * replicas;
-  std::vector<double> one_losses;
   st::trainer<model_t> one(strata::test::blobs_mlp(), one_cfg,
                            {.print_progress = false, .independent_processes = true});
-  one.on_step([&](const st::step_metrics& m) { one_losses.push_back(m.loss); });
-  one.fit(blobs{}, sd::identity{}, blobs{.n = 256, .salt = 1}, sd::identity{});
+  const std::vector<double> one_losses = reference_losses(one, blobs{}, blobs{.n = 256, .salt = 1});
 
   auto cfg = base_config(name, true);
   cfg.world_size = ranks;
@@ -78,37 +120,12 @@ void check_pipeline(int stages, strata::config::pipeline_schedule_kind kind) {
   cfg.pipeline_schedule = kind;
   cfg.micro_batches = 3;  // 11, 11 and 10 samples
   using trainer_t = st::trainer<model_t, strata::parallel::pipeline<Schedule>>;
-  std::vector<double> losses;
-  trainer_t t(strata::test::blobs_mlp(), cfg, strata::comm::any_comm(comm),
-              {.print_progress = false});
-  t.on_step([&](const st::step_metrics& m) { losses.push_back(m.loss); });
-  const st::fit_summary s =
-      t.fit(blobs{}, sd::identity{}, blobs{.n = 256, .salt = 1}, sd::identity{});
-  REQUIRE(losses.size() == one_losses.size());
-  for (std::size_t i = 0; i < losses.size(); ++i) {
-    CHECK(losses[i] == doctest::Approx(one_losses[i]).epsilon(1e-5));
-  }
-  double worst = 0.0;
-  for (const auto& e : t.params().entries()) {
-    const auto mine = t.params().value(e.name);
-    const auto theirs = one.params().value(e.name);
-    REQUIRE(mine.size() == theirs.size());
-    for (std::size_t i = 0; i < mine.size(); ++i) {
-      worst = std::max(worst, static_cast<double>(std::abs(mine[i] - theirs[i])));
-    }
-  }
-  CHECK(worst < 1e-4);
-  CHECK(s.test_accuracy ==
-        doctest::Approx(one.evaluate(blobs{.n = 256, .salt = 1}, sd::identity{}).accuracy)
-            .epsilon(1e-6));
-
-  // A second job resumes from the final checkpoint: every stage's parameters come back.
-  trainer_t again(strata::test::blobs_mlp(), cfg, strata::comm::any_comm(comm),
-                  {.print_progress = false});
-  const st::fit_summary r =
-      again.fit(blobs{}, sd::identity{}, blobs{.n = 256, .salt = 1}, sd::identity{});
-  CHECK_FALSE(r.resumed_from.empty());
-  CHECK(r.params_xxh3 == s.params_xxh3);
+  const auto make = [&] {
+    return trainer_t(strata::test::blobs_mlp(), cfg, strata::comm::any_comm(comm),
+                     {.print_progress = false});
+  };
+  trainer_t t = make();
+  (void)check_like_one_process(t, one, one_losses, make, blobs{}, blobs{.n = 256, .salt = 1});
 }
 
 template <class Policy>
@@ -122,11 +139,10 @@ void check_mesh(int tp, int pp) {
   INFO(name);
   auto one_cfg = base_config(name + "-reference", false);
   one_cfg.batch_size_per_gpu = 32 * replicas;
-  std::vector<double> one_losses;
   st::trainer<vit_t> one(strata::test::image_vit(), one_cfg,
                          {.print_progress = false, .independent_processes = true});
-  one.on_step([&](const st::step_metrics& m) { one_losses.push_back(m.loss); });
-  one.fit(blob_images{}, sd::identity{}, blob_images{.n = 256, .salt = 1}, sd::identity{});
+  const std::vector<double> one_losses =
+      reference_losses(one, blob_images{}, blob_images{.n = 256, .salt = 1});
 
   auto cfg = base_config(name, true);
   cfg.run_name = "vit";  // the third job below continues it under another layout
@@ -141,38 +157,13 @@ void check_mesh(int tp, int pp) {
     cfg.policy["pipeline_balance"] = "estimated";
   }
   using trainer_t = st::trainer<vit_t, Policy>;
-  std::vector<double> losses;
-  trainer_t t(strata::test::image_vit(), cfg, strata::comm::any_comm(comm),
-              {.print_progress = false});
-  t.on_step([&](const st::step_metrics& m) { losses.push_back(m.loss); });
-  const st::fit_summary s =
-      t.fit(blob_images{}, sd::identity{}, blob_images{.n = 256, .salt = 1}, sd::identity{});
-  REQUIRE(losses.size() == one_losses.size());
-  for (std::size_t i = 0; i < losses.size(); ++i) {
-    CHECK(losses[i] == doctest::Approx(one_losses[i]).epsilon(1e-5));
-  }
-  // This rank's slices against the same slices of the reference's whole tensors.
-  double worst = 0.0;
-  for (const auto& e : t.params().entries()) {
-    const auto mine = t.params().value(e.name);
-    std::vector<float> theirs(mine.size());
-    strata::model::param_store::copy_slice(e, one.params().value(e.name), theirs);
-    for (std::size_t i = 0; i < mine.size(); ++i) {
-      worst = std::max(worst, static_cast<double>(std::abs(mine[i] - theirs[i])));
-    }
-  }
-  CHECK(worst < 1e-4);
-  CHECK(s.test_accuracy ==
-        doctest::Approx(one.evaluate(blob_images{.n = 256, .salt = 1}, sd::identity{}).accuracy)
-            .epsilon(1e-6));
-
-  // A second job resumes from the final checkpoint: every tensor rank's slices come back.
-  trainer_t again(strata::test::image_vit(), cfg, strata::comm::any_comm(comm),
-                  {.print_progress = false});
-  const st::fit_summary r =
-      again.fit(blob_images{}, sd::identity{}, blob_images{.n = 256, .salt = 1}, sd::identity{});
-  CHECK_FALSE(r.resumed_from.empty());
-  CHECK(r.params_xxh3 == s.params_xxh3);
+  const auto make = [&] {
+    return trainer_t(strata::test::image_vit(), cfg, strata::comm::any_comm(comm),
+                     {.print_progress = false});
+  };
+  trainer_t t = make();
+  const st::fit_summary s = check_like_one_process(t, one, one_losses, make, blob_images{},
+                                                   blob_images{.n = 256, .salt = 1});
 
   // A third job loads the checkpoint as plain data parallelism over every process (the same 32
   // x replicas samples a batch): each process holds every tensor whole, bit for bit the slices'.
@@ -187,8 +178,9 @@ void check_mesh(int tp, int pp) {
       strata::test::image_vit(), dp, strata::comm::any_comm(comm), {.print_progress = false});
   const st::fit_summary w =
       whole.fit(blob_images{}, sd::identity{}, blob_images{.n = 256, .salt = 1}, sd::identity{});
-  CHECK(w.resumed_from == r.resumed_from);
+  CHECK_FALSE(w.resumed_from.empty());
   CHECK(w.steps_this_run == 0);
+  CHECK(s.steps > 0);
   for (const auto& e : t.params().entries()) {
     CAPTURE(e.name);
     const auto mine = t.params().value(e.name);
