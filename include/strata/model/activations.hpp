@@ -9,6 +9,7 @@
 //           y = x / 2 * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 x^3))),
 //           not the erf form; it differs from that by under 1e-3 everywhere.
 
+#include <algorithm>
 #include <cassert>
 #include <cmath>
 #include <cstddef>
@@ -16,6 +17,8 @@
 #include <cstring>
 #include <stdexcept>
 #include <string>
+
+#include <Eigen/Core>
 
 #include "strata/core/shape.hpp"
 #include "strata/model/concepts.hpp"
@@ -60,23 +63,65 @@ inline void keep_where_positive(const float* keep, const float* v, float* out, s
   }
 }
 
-// The tanh approximation of GELU and its derivative.
+// The tanh approximation of GELU and its derivative, over spans. tanh is Eigen's vectorised one
+// (a rational approximation within a few units in the last place of std::tanh, Eigen's default
+// EIGEN_FAST_MATH): libm's scalar tanhf took half of a small vision transformer's step. The spans
+// are worked in aligned blocks of a fixed size, the last one padded with zeros, so every element
+// takes the same packet path: an element's value never depends on its index, the span's length or
+// its address (a scalar tail would round differently).
 struct gelu_tanh {
   static constexpr float scale = 0.7978845608028654f;  // sqrt(2 / pi)
   static constexpr float cubic = 0.044715f;
+  static constexpr std::size_t block_size = 64;
+  using block = Eigen::Array<float, block_size, 1>;
 
-  static float value(float x) {
-    const float t = std::tanh(scale * (x + cubic * x * x * x));
-    return 0.5f * x * (1.0f + t);
+  // y[i] = gelu(x[i]); y may be x.
+  static void values(const float* x, float* y, std::size_t n) {
+    block in;
+    for (std::size_t at = 0; at < n; at += block_size) {
+      const std::size_t m = load(x + at, n - at, in);
+      const block t = (scale * (in + cubic * in.cube())).tanh();
+      const block out = 0.5f * in * (1.0f + t);
+      std::copy_n(out.data(), m, y + at);
+    }
   }
 
-  // d/dx [x/2 (1 + tanh u)] = (1 + tanh u) / 2 + x/2 (1 - tanh^2 u) du/dx,
-  // du/dx = sqrt(2 / pi) (1 + 3 * 0.044715 x^2).
+  // g[i] = dy[i] * gelu'(x[i]); g may be dy. d/dx [x/2 (1 + tanh u)] = (1 + tanh u) / 2 +
+  // x/2 (1 - tanh^2 u) du/dx, du/dx = sqrt(2 / pi) (1 + 3 * 0.044715 x^2).
+  static void gradients(const float* x, const float* dy, float* g, std::size_t n) {
+    block in;
+    block d_out;
+    for (std::size_t at = 0; at < n; at += block_size) {
+      const std::size_t m = load(x + at, n - at, in);
+      load(dy + at, n - at, d_out);
+      const block x2 = in.square();
+      const block t = (scale * (in + cubic * x2 * in)).tanh();
+      const block du = scale * (1.0f + 3.0f * cubic * x2);
+      const block out = d_out * (0.5f * (1.0f + t) + 0.5f * in * (1.0f - t.square()) * du);
+      std::copy_n(out.data(), m, g + at);
+    }
+  }
+
+  static float value(float x) {
+    float y = 0.0f;
+    values(&x, &y, 1);
+    return y;
+  }
+
   static float derivative(float x) {
-    const float x2 = x * x;
-    const float t = std::tanh(scale * (x + cubic * x2 * x));
-    const float du = scale * (1.0f + 3.0f * cubic * x2);
-    return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du;
+    const float one = 1.0f;
+    float g = 0.0f;
+    gradients(&x, &one, &g, 1);
+    return g;
+  }
+
+ private:
+  // Copies up to one block from `from` (`left` floats remain there), zeros after; how many.
+  static std::size_t load(const float* from, std::size_t left, block& to) {
+    const std::size_t m = left < block_size ? left : block_size;
+    std::copy_n(from, m, to.data());
+    std::fill(to.data() + m, to.data() + block_size, 0.0f);
+    return m;
   }
 };
 
@@ -140,10 +185,7 @@ struct gelu {
 
   void forward(const forward_args& args) const {
     detail::check_activation_args(args);
-    const std::size_t n = args.input.size();
-    for (std::size_t i = 0; i < n; ++i) {
-      args.output[i] = detail::gelu_tanh::value(args.input[i]);
-    }
+    detail::gelu_tanh::values(args.input.data(), args.output.data(), args.input.size());
   }
 
   void backward(const backward_args& args) const {
@@ -151,10 +193,8 @@ struct gelu {
     if (args.grad_input.empty()) {
       return;
     }
-    const std::size_t n = args.input.size();
-    for (std::size_t i = 0; i < n; ++i) {
-      args.grad_input[i] = args.grad_output[i] * detail::gelu_tanh::derivative(args.input[i]);
-    }
+    detail::gelu_tanh::gradients(args.input.data(), args.grad_output.data(),
+                                 args.grad_input.data(), args.input.size());
   }
 
   friend bool operator==(const gelu&, const gelu&) = default;

@@ -436,9 +436,7 @@ struct parallel_mlp {
     float* act = pre + n * h;
     model::gemm_bias({.transpose_b = true, .bfloat16_inputs = bf16}, n, h, dim, args.input.data(),
                      dim, up, dim, up + h * dim, pre, h);
-    for (std::size_t i = 0; i < n * h; ++i) {
-      act[i] = model::detail::gelu_tanh::value(pre[i]);
-    }
+    model::detail::gelu_tanh::values(pre, act, n * h);
     if (place.size == 1) {
       model::gemm_bias({.transpose_b = true, .bfloat16_inputs = bf16}, n, dim, h, act, h, down, h,
                        down + dim * h, args.output.data(), dim);
@@ -471,9 +469,7 @@ struct parallel_mlp {
     model::gemm({.transpose_a = true}, dim, h, n, 1.0f, dy, dim, act, h, 1.0f, g_down, h);
     detail::add_column_sums(dy, n, dim, g_down + dim * h);
     model::gemm({}, n, h, dim, 1.0f, dy, dim, down, h, 0.0f, d_hidden, h);
-    for (std::size_t i = 0; i < n * h; ++i) {
-      d_hidden[i] *= model::detail::gelu_tanh::derivative(pre[i]);
-    }
+    model::detail::gelu_tanh::gradients(pre, d_hidden, d_hidden, n * h);
     // Up: dU += d pre^T x, dc += column sums, dx = d pre U, summed over the group.
     model::gemm({.transpose_a = true}, h, dim, n, 1.0f, d_hidden, h, args.input.data(), dim, 1.0f,
                 g_up, dim);
