@@ -47,6 +47,7 @@
 #include "strata/parallel/data.hpp"
 #include "strata/parallel/pipeline.hpp"
 #include "strata/pipeline/one_f_one_b.hpp"
+#include "strata/pipeline/zero_bubble_h1.hpp"
 #include "strata/train/estimate_memory.hpp"
 #include "strata/train/trainer.hpp"
 #include "unit/common/vit.hpp"
@@ -551,6 +552,21 @@ TEST_CASE("mesh through the trainer: dp x tp x pp layouts of 4 thread ranks trai
     c.micro_batches = 2;
     c.pipeline_schedule = strata::config::pipeline_schedule_kind::one_f_one_b;
     check_same(mesh_vit<sp::tensor<sp::pipeline<strata::pipeline::one_f_one_b>>>(4, c), one);
+  }
+  SUBCASE("tp 2 x pp 2 under ZB-H1 (the input and weight gradients in separate passes)") {
+    auto c = mesh_config("tp2pp2zb");
+    c.batch_size_per_gpu = 64;
+    c.tensor_parallel_size = 2;
+    c.pipeline_parallel_size = 2;
+    c.micro_batches = 4;
+    c.pipeline_schedule = strata::config::pipeline_schedule_kind::zero_bubble_h1;
+    check_same(mesh_vit<sp::tensor<sp::pipeline<strata::pipeline::zero_bubble_h1>>>(4, c), one);
+  }
+  SUBCASE("dp 2 x tp 2 with ZeRO-1 replicas (each shards its tensor slices' optimizer state)") {
+    auto c = mesh_config("dp2tp2zero1");
+    c.tensor_parallel_size = 2;
+    c.zero_stage = 1;
+    check_same(mesh_vit<sp::tensor<sp::zero1>>(4, c), one);
   }
 }
 
