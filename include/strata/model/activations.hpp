@@ -193,8 +193,8 @@ struct gelu {
     if (args.grad_input.empty()) {
       return;
     }
-    detail::gelu_tanh::gradients(args.input.data(), args.grad_output.data(),
-                                 args.grad_input.data(), args.input.size());
+    detail::gelu_tanh::gradients(args.input.data(), args.grad_output.data(), args.grad_input.data(),
+                                 args.input.size());
   }
 
   friend bool operator==(const gelu&, const gelu&) = default;

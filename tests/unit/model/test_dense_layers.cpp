@@ -504,9 +504,9 @@ TEST_CASE("gelu: the tanh approximation's values, and its distance from the erf 
     const double t = std::tanh(u);
     const double du = gt::scale * (1.0 + 3.0 * gt::cubic * x * x);
     worst_value = std::max(worst_value, std::abs(0.5 * x * (1.0 + t) - gt::value(v)));
-    worst_derivative = std::max(
-        worst_derivative,
-        std::abs(0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * du - gt::derivative(v)));
+    worst_derivative =
+        std::max(worst_derivative,
+                 std::abs(0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * du - gt::derivative(v)));
   }
   CHECK(worst_value < 2e-6);
   CHECK(worst_derivative < 1e-5);
