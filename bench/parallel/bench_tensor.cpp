@@ -9,7 +9,8 @@
 // 2. The whole step of example 04's ViT (dim 64, 16 tokens, batch 128) through the trainer on
 //    synthetic 28 x 28 images: samples per second on 1 rank (1 and 2 BLAS threads), on tp 2
 //    (2 thread ranks, 1 BLAS thread each) and, where built with MPI, on tp 2 over 2 processes
-//    (this program again under mpiexec, 1 BLAS thread each).
+//    (this program again under mpiexec, 1 BLAS thread each). Then its forward and backward passes
+//    alone at batch 128, timed like the block: the collectives' share of the step's passes.
 // 3. Memory per rank of the block model for tp 1, 2, 4: parameters and activation workspace
 //    (floats the store and workspace hold), beside estimate_memory for that rank of the group.
 //
@@ -129,7 +130,7 @@ struct block_timing {
 };
 
 template <class Model>
-block_timing time_block(const Model& m, const options& o, int tp) {
+block_timing time_block(const Model& m, const options& o, std::size_t batch, int tp) {
   std::vector<double> steps;
   std::vector<double> comms;
   std::mutex lock;
@@ -140,18 +141,18 @@ block_timing time_block(const Model& m, const options& o, int tp) {
         .comm = &group};
     auto params = m.make_params({.tensor = ctx.place});
     params.initialize(1);
-    auto work = m.make_workspace(o.batch, {.tensor = ctx.place});
-    std::vector<float> x(o.batch * m.input_shape().elements());
+    auto work = m.make_workspace(batch, {.tensor = ctx.place});
+    std::vector<float> x(batch * m.input_shape().elements());
     strata::rng_stream rng(5);
     for (float& v : x) {
       v = rng.uniform(-1.0f, 1.0f);
     }
-    const std::vector<float> grad(o.batch * m.output_shape().elements(), 0.001f);
+    const std::vector<float> grad(batch * m.output_shape().elements(), 0.001f);
     for (std::size_t r = 0; r < o.repeats + 1; ++r) {
       c.barrier();
       group.seconds = 0.0;
       const auto t = clock_type::now();
-      (void)m.forward(work, params, x, o.batch, {.training = true, .tensor = ctx});
+      (void)m.forward(work, params, x, batch, {.training = true, .tensor = ctx});
       m.backward(work, params, grad);
       const double s = seconds_since(t);
       if (r > 0 && c.rank() == 0) {  // r = 0 warms up
@@ -261,8 +262,8 @@ int main(int argc, char** argv) {
   std::printf(
       "1. ViT block (dim %zu, %zu tokens, batch %zu, 8 heads, MLP %zu): forward + backward\n",
       o.dim, o.tokens, o.batch, 4 * o.dim);
-  const block_timing one = time_block(block, o, 1);
-  const block_timing two = time_block(block, o, 2);
+  const block_timing one = time_block(block, o, o.batch, 1);
+  const block_timing two = time_block(block, o, o.batch, 2);
   std::printf("   tp 1: %.3f ms\n", one.step * 1e3);
   std::printf("   tp 2: %.3f ms, speedup %.2fx, collectives %.1f%% of rank 0's step\n\n",
               two.step * 1e3, one.step / two.step, 100.0 * two.comm / two.step);
@@ -301,6 +302,15 @@ int main(int argc, char** argv) {
       "   1 rank, 1 BLAS thread:  %.0f samples/s\n   1 rank, 2 BLAS threads: %.0f samples/s\n"
       "   tp 2 (1 BLAS thread each): %.0f samples/s (%.2fx 1 thread, %.2fx 2 threads)\n",
       single, single_two_threads, split, split / single, split / single_two_threads);
+  // The step's forward and backward passes alone, timed like the block: where the collectives'
+  // share of the whole step is.
+  const block_timing vit_one = time_block(vit, o, 128, 1);
+  const block_timing vit_two = time_block(vit, o, 128, 2);
+  std::printf(
+      "   its forward + backward alone: tp 1 %.3f ms, tp 2 %.3f ms (%.2fx), collectives %.1f%% "
+      "of rank 0's passes\n",
+      vit_one.step * 1e3, vit_two.step * 1e3, vit_one.step / vit_two.step,
+      100.0 * vit_two.comm / vit_two.step);
 #ifdef STRATA_BENCH_MPI
   if (o.mpi) {
     const std::string command = "mpiexec -n 2 --allow-run-as-root --oversubscribe --bind-to none " +
