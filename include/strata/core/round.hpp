@@ -19,6 +19,7 @@
 // run time, so a portable build uses them too), else the exact software conversion of
 // core/dtype.hpp. Both give the same values; NaN payloads may differ.
 
+#include <algorithm>
 #include <bit>
 #include <cstddef>
 #include <cstdint>
@@ -37,35 +38,37 @@ namespace strata {
 
 namespace detail {
 
-inline void round_through_bfloat16(float* p, std::size_t n) noexcept {
+// to[i] = from[i] rounded through bfloat16; to may be from.
+inline void round_through_bfloat16(const float* from, float* to, std::size_t n) noexcept {
   for (std::size_t i = 0; i < n; ++i) {
-    const std::uint32_t u = std::bit_cast<std::uint32_t>(p[i]);
+    const std::uint32_t u = std::bit_cast<std::uint32_t>(from[i]);
     const bool nan = (u & 0x7fffffffu) > 0x7f800000u;
     const std::uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
     const std::uint32_t quiet = (u | 0x00400000u) & 0xffff0000u;
-    p[i] = std::bit_cast<float>(nan ? quiet : rounded);
+    to[i] = std::bit_cast<float>(nan ? quiet : rounded);
   }
 }
 
-inline void round_through_float16_portable(float* p, std::size_t n) noexcept {
+inline void round_through_float16_portable(const float* from, float* to, std::size_t n) noexcept {
   for (std::size_t i = 0; i < n; ++i) {
-    p[i] = half_bits_to_float(float_to_half_bits(p[i]));
+    to[i] = half_bits_to_float(float_to_half_bits(from[i]));
   }
 }
 
 #ifdef STRATA_ROUND_F16C
-__attribute__((target("avx,f16c"))) inline void round_through_float16_f16c(float* p,
+__attribute__((target("avx,f16c"))) inline void round_through_float16_f16c(const float* from,
+                                                                           float* to,
                                                                            std::size_t n) noexcept {
   std::size_t i = 0;
   for (; i + 8 <= n; i += 8) {
-    const __m256 x = _mm256_loadu_ps(p + i);
+    const __m256 x = _mm256_loadu_ps(from + i);
     const __m128i h = _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    _mm256_storeu_ps(p + i, _mm256_cvtph_ps(h));
+    _mm256_storeu_ps(to + i, _mm256_cvtph_ps(h));
   }
   for (; i < n; ++i) {
-    const __m128 x = _mm_set_ss(p[i]);
+    const __m128 x = _mm_set_ss(from[i]);
     const __m128i h = _mm_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    p[i] = _mm_cvtss_f32(_mm_cvtph_ps(h));
+    to[i] = _mm_cvtss_f32(_mm_cvtph_ps(h));
   }
 }
 
@@ -181,31 +184,44 @@ inline void convert_floats(const void* from, float* to, std::size_t n, dtype typ
                               std::string(to_string(type)));
 }
 
-// Rounds every value through `type`: float32 leaves them as they are; float16 and bfloat16 round
-// as described above. Other types throw std::invalid_argument.
-inline void round_through(std::span<float> values, dtype type) {
+// to[i] = from[i] rounded through `type` (one pass: a copy that rounds); from and to have the
+// same size and may be the same span. float32 copies; float16 and bfloat16 round as described
+// above. Other types throw std::invalid_argument.
+inline void round_through(std::span<const float> from, std::span<float> to, dtype type) {
+  if (from.size() != to.size()) {
+    throw std::invalid_argument("round_through: " + std::to_string(from.size()) + " values into " +
+                                std::to_string(to.size()));
+  }
   switch (type) {
     case dtype::float32:
+      if (from.data() != to.data()) {
+        std::copy(from.begin(), from.end(), to.begin());
+      }
       return;
     case dtype::bfloat16:
-      detail::round_through_bfloat16(values.data(), values.size());
+      detail::round_through_bfloat16(from.data(), to.data(), from.size());
       return;
     case dtype::float16:
 #ifdef STRATA_ROUND_F16C
       if (detail::has_f16c()) {
-        detail::round_through_float16_f16c(values.data(), values.size());
+        detail::round_through_float16_f16c(from.data(), to.data(), from.size());
         return;
       }
 #endif
-      detail::round_through_float16_portable(values.data(), values.size());
+      detail::round_through_float16_portable(from.data(), to.data(), from.size());
       return;
     default:
       break;
   }
   throw std::invalid_argument(
-      "round_through: values can be rounded through float32, float16 or "
-      "bfloat16, not " +
+      "round_through: values can be rounded through float32, float16 or bfloat16, not " +
       std::string(to_string(type)));
+}
+
+// Rounds every value through `type` in place: float32 leaves them as they are; float16 and
+// bfloat16 round as described above. Other types throw std::invalid_argument.
+inline void round_through(std::span<float> values, dtype type) {
+  round_through(std::span<const float>(values), values, type);
 }
 
 }  // namespace strata

@@ -424,33 +424,40 @@ inline bool all_finite(std::span<const float> values) noexcept {
   return detail::no_nonfinite_top_bit(all);
 }
 
-// Multiplies every gradient by static_cast<float>(1 / scale) in place and returns whether every
-// result is finite (a NaN or inf input, or a finite input that overflows, gives false). Processes
-// the whole range either way. Throws std::invalid_argument unless scale is finite, > 0 and its
+// to[i] = from[i] * static_cast<float>(1 / scale), in one pass (to may be from; the second
+// overload works in place), and returns whether every result is finite (a NaN or inf input, or a
+// finite input that overflows, gives false). Processes the whole range either way; from and to
+// must have the same size. Throws std::invalid_argument unless scale is finite, > 0 and its
 // reciprocal is a nonzero finite float.
-inline bool unscale_and_check(std::span<float> grads, double scale) {
+inline bool unscale_and_check(std::span<const float> from, std::span<float> to, double scale) {
   const float inv = static_cast<float>(1.0 / scale);
   if (!(scale > 0.0 && std::isfinite(scale) && inv > 0.0f && std::isfinite(inv))) {
     detail::throw_loss_scaler_error("unscale_and_check", "scale",
                                     "finite, > 0, with 1 / scale a nonzero finite float",
                                     detail::loss_scaler_number(scale));
   }
+  if (from.size() != to.size()) {
+    detail::throw_loss_scaler_error("unscale_and_check", "to",
+                                    std::to_string(from.size()) + " floats, as from",
+                                    std::to_string(to.size()) + " floats");
+  }
   constexpr std::size_t lanes = detail::finite_check_lanes;
   std::array<std::uint32_t, lanes> combined{};
-  float* p = grads.data();
-  const std::size_t n = grads.size();
+  const float* src = from.data();
+  float* p = to.data();
+  const std::size_t n = from.size();
   const std::size_t whole = n - n % lanes;
   std::size_t i = 0;
   for (; i < whole; i += lanes) {
     for (std::size_t j = 0; j < lanes; ++j) {
-      const float g = p[i + j] * inv;
+      const float g = src[i + j] * inv;
       p[i + j] = g;
       combined[j] |= detail::nonfinite_top_bit(g);
     }
   }
   std::uint32_t all = 0;
   for (i = whole; i < n; ++i) {
-    const float g = p[i] * inv;
+    const float g = src[i] * inv;
     p[i] = g;
     all |= detail::nonfinite_top_bit(g);
   }
@@ -458,6 +465,10 @@ inline bool unscale_and_check(std::span<float> grads, double scale) {
     all |= c;
   }
   return detail::no_nonfinite_top_bit(all);
+}
+
+inline bool unscale_and_check(std::span<float> grads, double scale) {
+  return unscale_and_check(std::span<const float>(grads), grads, scale);
 }
 
 }  // namespace strata::precision

@@ -106,10 +106,7 @@ class mixed {
   model::param_store& compute(model::param_store&) noexcept { return copy_; }
   // The compute copy takes the master values rounded through T.
   void refresh(const model::param_store& master) {
-    const std::span<const float> from = master.values();
-    const std::span<float> to = copy_.values();
-    std::copy(from.begin(), from.end(), to.begin());
-    round_through(to, compute_dtype);
+    round_through(master.values(), copy_.values(), compute_dtype);
   }
 
   // The gradients as T holds them: accumulation over micro-steps rounds there, and a float16
@@ -130,8 +127,7 @@ class mixed {
   template <class Vote>
   bool finish(std::uint64_t step, std::span<const float> compute_grads,
               std::span<float> master_grads, Vote&& vote) {
-    std::copy(compute_grads.begin(), compute_grads.end(), master_grads.begin());
-    const bool finite = unscale_and_check(master_grads, loss_scale());
+    const bool finite = unscale_and_check(compute_grads, master_grads, loss_scale());
     const bool overflow = std::forward<Vote>(vote)(!finite);
     bool apply = !overflow;
     if constexpr (has_scaler) {

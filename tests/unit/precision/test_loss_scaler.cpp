@@ -5,10 +5,12 @@
 
 #include <array>
 #include <bit>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <limits>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -394,12 +396,26 @@ TEST_CASE("all_finite and unscale_and_check find NaN and inf anywhere") {
         CAPTURE(bad);
         values[pos] = bad;
         CHECK_FALSE(all_finite(values));
+        // From one buffer into another: the same verdict, the source untouched.
+        std::vector<float> into(n);
+        CHECK_FALSE(unscale_and_check(std::span<const float>(values), into, 4.0));
+        CHECK(std::isnan(values[pos]) == std::isnan(bad));
         CHECK_FALSE(unscale_and_check(values, 4.0));
         fill();
       }
     }
     CHECK(all_finite(values));
+    // The copying form writes what the in-place form writes.
+    std::vector<float> into(n, -1.0f);
+    CHECK(unscale_and_check(std::span<const float>(values), into, 4.0));
+    CHECK(unscale_and_check(values, 4.0));
+    CHECK(into == values);
   }
+  std::vector<float> three(3);
+  const std::vector<float> four(4);
+  CHECK_THROWS_WITH_AS(unscale_and_check(std::span<const float>(four), three, 1.0),
+                       "unscale_and_check: to must be 4 floats, as from, got 3 floats",
+                       std::invalid_argument);
 }
 
 TEST_CASE("all_finite and unscale_and_check keep extreme finite values finite") {

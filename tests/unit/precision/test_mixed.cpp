@@ -117,7 +117,7 @@ TEST_CASE("round_through equals a conversion to the 16-bit type and back") {
   }
   // The software path agrees with whichever path round_through took.
   std::vector<float> portable = values;
-  strata::detail::round_through_float16_portable(portable.data(), portable.size());
+  strata::detail::round_through_float16_portable(portable.data(), portable.data(), portable.size());
   std::vector<float> fast = values;
   strata::round_through(fast, strata::dtype::float16);
   std::size_t differ = 0;
@@ -125,6 +125,25 @@ TEST_CASE("round_through equals a conversion to the 16-bit type and back") {
     differ += same_value(portable[i], fast[i]) ? 0 : 1;
   }
   CHECK(differ == 0);
+  // The copying form (from one buffer into another, the source untouched) gives the in-place
+  // form's values for every type.
+  for (const strata::dtype type :
+       {strata::dtype::float16, strata::dtype::bfloat16, strata::dtype::float32}) {
+    std::vector<float> in_place = values;
+    strata::round_through(in_place, type);
+    std::vector<float> copied(values.size(), -1.0f);
+    const std::vector<float> source = values;
+    strata::round_through(std::span<const float>(source), copied, type);
+    std::size_t apart = 0;
+    for (std::size_t i = 0; i < values.size(); ++i) {
+      apart += same_value(in_place[i], copied[i]) && same_value(source[i], values[i]) ? 0 : 1;
+    }
+    CHECK_MESSAGE(apart == 0, strata::to_string(type));
+  }
+  std::vector<float> short_one(values.size() - 1);
+  CHECK_THROWS_WITH_AS(
+      strata::round_through(std::span<const float>(values), short_one, strata::dtype::bfloat16),
+      doctest::Contains("values into"), std::invalid_argument);
   MESSAGE("float16 rounding on F16C: ", strata::round_through_uses_f16c());
   // Overflow and float32 identity.
   std::vector<float> big = {70000.0f, -65520.0f, 65519.0f};
