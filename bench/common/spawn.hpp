@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
-// For a benchmark that runs itself again under mpiexec: its own path, and the JSON object the
-// child printed last.
+// For a benchmark that runs another program (itself again under mpiexec, or a Python baseline):
+// its own path, and the JSON object the child printed last.
 
 #include <cstdio>
 #include <filesystem>

@@ -41,6 +41,7 @@
 
 #include "../common/args.hpp"
 #include "../common/machine.hpp"
+#include "../common/spawn.hpp"
 
 #include "strata/data/idx.hpp"
 #include "strata/data/prefetch_loader.hpp"
@@ -225,20 +226,7 @@ std::optional<nlohmann::json> run_torch(const options& o, int threads, bool bf16
                               " --threads " + std::to_string(threads) + " --batch " +
                               std::to_string(o.batch) + " --steps " + std::to_string(o.steps) +
                               " --repeats " + std::to_string(o.repeats) + " 2>/dev/null";
-  std::unique_ptr<FILE, int (*)(FILE*)> pipe(::popen(command.c_str(), "r"), ::pclose);
-  if (!pipe) {
-    return std::nullopt;
-  }
-  std::string out;
-  char chunk[256];
-  while (std::fgets(chunk, sizeof chunk, pipe.get()) != nullptr) {
-    out += chunk;
-  }
-  try {
-    return nlohmann::json::parse(out);
-  } catch (const std::exception&) {
-    return std::nullopt;
-  }
+  return bench::run_json(command);  // the script prints one JSON line
 }
 
 // Seconds of one step's products of the MLP at `batch` on provider p, the best of a few rounds:
