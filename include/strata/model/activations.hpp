@@ -64,11 +64,12 @@ inline void keep_where_positive(const float* keep, const float* v, float* out, s
 }
 
 // The tanh approximation of GELU and its derivative, over spans. tanh is Eigen's vectorised one
-// (a rational approximation within a few units in the last place of std::tanh, Eigen's default
-// EIGEN_FAST_MATH): libm's scalar tanhf took half of a small vision transformer's step. The spans
-// are worked in aligned blocks of a fixed size, the last one padded with zeros, so every element
-// takes the same packet path: an element's value never depends on its index, the span's length or
-// its address (a scalar tail would round differently).
+// (a rational approximation, under Eigen's default EIGEN_FAST_MATH; GELU within 2e-6 of the
+// formula through std::tanh in double, its derivative within 1e-5, tested): libm's scalar tanhf
+// took half of a small vision transformer's step. The spans are worked in aligned blocks of a
+// fixed size, the last one padded with zeros, so every element takes the same packet path: an
+// element's value never depends on its index, the span's length or its address (a scalar tail
+// would round differently).
 struct gelu_tanh {
   static constexpr float scale = 0.7978845608028654f;  // sqrt(2 / pi)
   static constexpr float cubic = 0.044715f;
