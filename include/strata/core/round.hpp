@@ -189,8 +189,8 @@ inline void convert_floats(const void* from, float* to, std::size_t n, dtype typ
 // above. Other types throw std::invalid_argument.
 inline void round_through(std::span<const float> from, std::span<float> to, dtype type) {
   if (from.size() != to.size()) {
-    throw std::invalid_argument("round_through: " + std::to_string(from.size()) + " values into " +
-                                std::to_string(to.size()));
+    throw std::invalid_argument("round_through: from holds " + std::to_string(from.size()) +
+                                " floats, to holds " + std::to_string(to.size()));
   }
   switch (type) {
     case dtype::float32:

@@ -544,23 +544,25 @@ TEST_CASE("mesh through the trainer: dp x tp x pp layouts of 4 thread ranks trai
     c.tensor_parallel_size = 2;
     check_same(mesh_vit<sp::tensor<sp::data<>>>(4, c), one);
   }
-  SUBCASE("tp 2 x pp 2") {
-    auto c = mesh_config("tp2pp2");
+  // tp 2 x pp 2 under a schedule (its type and its config value), batch 64 in `micro` pieces.
+  const auto tp2_pp2 = [&]<class Schedule>(std::type_identity<Schedule>, const std::string& name,
+                                           strata::config::pipeline_schedule_kind kind,
+                                           std::int64_t micro) {
+    auto c = mesh_config(name);
     c.batch_size_per_gpu = 64;
     c.tensor_parallel_size = 2;
     c.pipeline_parallel_size = 2;
-    c.micro_batches = 2;
-    c.pipeline_schedule = strata::config::pipeline_schedule_kind::one_f_one_b;
-    check_same(mesh_vit<sp::tensor<sp::pipeline<strata::pipeline::one_f_one_b>>>(4, c), one);
+    c.micro_batches = micro;
+    c.pipeline_schedule = kind;
+    check_same(mesh_vit<sp::tensor<sp::pipeline<Schedule>>>(4, c), one);
+  };
+  SUBCASE("tp 2 x pp 2") {
+    tp2_pp2(std::type_identity<strata::pipeline::one_f_one_b>{}, "tp2pp2",
+            strata::config::pipeline_schedule_kind::one_f_one_b, 2);
   }
   SUBCASE("tp 2 x pp 2 under ZB-H1 (the input and weight gradients in separate passes)") {
-    auto c = mesh_config("tp2pp2zb");
-    c.batch_size_per_gpu = 64;
-    c.tensor_parallel_size = 2;
-    c.pipeline_parallel_size = 2;
-    c.micro_batches = 4;
-    c.pipeline_schedule = strata::config::pipeline_schedule_kind::zero_bubble_h1;
-    check_same(mesh_vit<sp::tensor<sp::pipeline<strata::pipeline::zero_bubble_h1>>>(4, c), one);
+    tp2_pp2(std::type_identity<strata::pipeline::zero_bubble_h1>{}, "tp2pp2zb",
+            strata::config::pipeline_schedule_kind::zero_bubble_h1, 4);
   }
   SUBCASE("dp 2 x tp 2 with ZeRO-1 replicas (each shards its tensor slices' optimizer state)") {
     auto c = mesh_config("dp2tp2zero1");
