@@ -11,8 +11,10 @@
 //     set right when this process's OpenBLAS picked fallback kernels;
 //   - limit_fp32: the step's GEMMs alone (forward, weight and input gradients at the model's
 //     shapes) on the fastest provider, as samples/s: what no float32 trainer on these kernels
-//     passes. Measured between the trainer's runs (the best of 8 rounds each time; the median
-//     of those), so that a shared machine's drift hits both alike. limit_bf16: the same
+//     passes. Measured before and after each of the trainer's runs (the best of 8 rounds each
+//     time; the row gives the median); the trainer's share of it is taken run by run against
+//     the two limits around that run, so that a shared machine's drift hits both alike (the
+//     note gives the median share and the range over the runs). limit_bf16: the same
 //     products in bfloat16 on oneDNN, where the CPU has bfloat16 units (AVX512-BF16 or
 //     AMX-BF16), whether or not the trainer uses them (model::bf16_products); elsewhere the row
 //     says why not.
@@ -113,9 +115,11 @@ options parse(int argc, char** argv) {
 }
 
 auto make_mlp() {
+  constexpr auto relu = sm::fused_activation::relu;
   return sm::sequential(strata::sample_shape{.channels = 1, .height = 28, .width = 28},
-                        sm::flatten{}, sm::linear{.in = 784, .out = 1024}, sm::relu{},
-                        sm::dropout{.rate = 0.1}, sm::linear{.in = 1024, .out = 1024}, sm::relu{},
+                        sm::flatten{}, sm::linear{.in = 784, .out = 1024, .activation = relu},
+                        sm::dropout{.rate = 0.1},
+                        sm::linear{.in = 1024, .out = 1024, .activation = relu},
                         sm::dropout{.rate = 0.1}, sm::linear{.in = 1024, .out = 10});
 }
 
@@ -230,16 +234,19 @@ std::optional<nlohmann::json> run_torch(const options& o, int threads, bool bf16
 }
 
 // Seconds of one step's products of the MLP at `batch` on provider p, the best of a few rounds:
-// forward x W^T + b, weight gradients dy^T x (written: the step's first backward) and input
-// gradients dy W (none for the first layer, whose input needs none), as the reference linear
-// layer calls them.
+// forward x W^T + b (with the hidden layers' ReLU as the product's epilogue), weight gradients
+// dy^T x (written: the step's first backward) and input gradients dy W (none for the first
+// layer, whose input needs none), as the reference linear layer calls them.
 double step_gemm_seconds(sm::gemm_provider p, std::size_t batch, bool bf16 = false) {
   struct layer_shape {
     std::size_t in;
     std::size_t out;
     bool input_grad;
+    sm::gemm_epilogue epilogue;
   };
-  const layer_shape layers[] = {{784, 1024, false}, {1024, 1024, true}, {1024, 10, true}};
+  const layer_shape layers[] = {{784, 1024, false, sm::gemm_epilogue::relu},
+                                {1024, 1024, true, sm::gemm_epilogue::relu},
+                                {1024, 10, true, sm::gemm_epilogue::none}};
   std::vector<float> x(batch * 1024, 0.5f);
   std::vector<float> w(1024 * 1024, 0.25f);
   std::vector<float> y(batch * 1024);
@@ -250,7 +257,7 @@ double step_gemm_seconds(sm::gemm_provider p, std::size_t batch, bool bf16 = fal
     const auto start = clock_type::now();
     for (const layer_shape& l : layers) {
       sm::gemm_bias_on(p, {.transpose_b = true, .bfloat16_inputs = bf16}, batch, l.out, l.in,
-                       x.data(), l.in, w.data(), l.in, bias.data(), y.data(), l.out);
+                       x.data(), l.in, w.data(), l.in, bias.data(), y.data(), l.out, l.epilogue);
       sm::gemm_on(p, {.transpose_a = true, .bfloat16_inputs = bf16}, l.out, l.in, batch, 1.0f,
                   y.data(), l.out, x.data(), l.in, 0.0f, dw.data(), l.in);
       if (l.input_grad) {
@@ -339,11 +346,18 @@ int main(int argc, char** argv) {
         }
       }
       limit_rates.push_back(static_cast<double>(o.batch) / best);
+      return limit_rates.back();
     };
+    // The trainer's share of the limit, run by run: its rate over the mean of the limits
+    // measured just before and just after it, so that the machine's speed drifting between
+    // runs (by a third on a shared host) moves both sides of each ratio alike.
+    std::vector<double> shares;
     for (std::size_t r = 0; r < o.repeats; ++r) {
       loop_rates.push_back(run_loop(train, o));
-      measure_limit();
+      const double before = measure_limit();
       trainer_rates.push_back(run_trainer<>(train, o));
+      const double after = measure_limit();
+      shares.push_back(trainer_rates.back() / (0.5 * (before + after)));
       if (o.bf16) {
         bf16_rates.push_back(run_trainer<strata::precision::bf16>(train, o));
       }
@@ -365,9 +379,12 @@ int main(int argc, char** argv) {
       return b ? std::optional<double>(a / *b) : std::nullopt;
     };
     const double limit = median(limit_rates);
-    char share[64];
-    std::snprintf(share, sizeof share, "; %.1f%% of limit_fp32", 100.0 * trainer_rate / limit);
+    char share[96];
+    std::snprintf(share, sizeof share, "; %.1f%% of limit_fp32 (runs %.1f-%.1f%%)",
+                  100.0 * median(shares), 100.0 * *std::min_element(shares.begin(), shares.end()),
+                  100.0 * *std::max_element(shares.begin(), shares.end()));
     row("strata_fp32", t, trainer_rate, versus(trainer_rate, torch_rate), provider + share);
+    rows.back()["share_of_limit_fp32"] = median(shares);
     char overhead[64];
     std::snprintf(overhead, sizeof overhead, "the trainer's overhead over it: %.1f%%",
                   100.0 * (loop_rate / trainer_rate - 1.0));

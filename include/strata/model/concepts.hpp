@@ -31,7 +31,8 @@
 //   8. write its parameter gradients instead of adding: `L::writes_grads` is a constant true
 //      when backward honours args.write_grads: then args.grads hold nothing of this step yet
 //      (any bits, NaN included) and backward writes every element of them, giving what adding
-//      into zeros would. It saves a pass over the gradients per step (param_store::
+//      into zeros would (the same bits, but that a zero may be -0: a product whose terms are
+//      all zero keeps their sign). It saves a pass over the gradients per step (param_store::
 //      discard_grads). Default: false, and the container zeroes the layer's gradients first.
 //   9. split its backward in two, for pipeline schedules that run the weight gradients later
 //      (pipeline::zero_bubble_h1): `L::splits_backward` is a constant true when

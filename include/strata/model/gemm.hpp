@@ -413,6 +413,11 @@ struct gemm_options {
   bool bfloat16_inputs = false;
 };
 
+// What gemm_bias applies to C after the product and the bias: nothing, or ReLU (max(x, 0), a
+// NaN kept where oneDNN fuses it, +0 elsewhere). On oneDNN's float32 matmul an eltwise post-op
+// of the same primitive (no pass of its own); elsewhere a pass over C after the product.
+enum class gemm_epilogue { none, relu };
+
 // Whether products of bfloat16 inputs run in bfloat16 (oneDNN matmul): automatic = when the
 // provider is oneDNN and the CPU has AMX-BF16 (bf16_products_automatic); on = with oneDNN on any
 // CPU (oneDNN emulates the units it lacks, slowly: for tests and for users who want bfloat16
@@ -595,7 +600,7 @@ inline void round_to_bf16(const float* x, std::int64_t rows, std::int64_t cols, 
 inline void onednn_matmul(bool bf16, gemm_options t, std::int64_t m, std::int64_t n, std::int64_t k,
                           float alpha, const float* a, std::int64_t lda, const float* b,
                           std::int64_t ldb, const float* bias, float beta, float* c,
-                          std::int64_t ldc) {
+                          std::int64_t ldc, gemm_epilogue epilogue = gemm_epilogue::none) {
   thread_local onednn_matmul_cache ctx;
   using cache = onednn_matmul_cache;
   apply_omp_threads();
@@ -618,7 +623,7 @@ inline void onednn_matmul(bool bf16, gemm_options t, std::int64_t m, std::int64_
   std::memcpy(&alpha_bits, &alpha, sizeof alpha);
   std::memcpy(&beta_bits, &beta, sizeof beta);
   const std::int64_t flags = (t.transpose_a ? 1 : 0) + (t.transpose_b ? 2 : 0) + (bf16 ? 4 : 0) +
-                             (bias != nullptr ? 8 : 0);
+                             (bias != nullptr ? 8 : 0) + (epilogue == gemm_epilogue::relu ? 16 : 0);
   // A primitive keeps the thread count it was made with: the count in force is part of the key.
   const cache::key_type key{
       m,         n,
@@ -666,10 +671,13 @@ inline void onednn_matmul(bool bf16, gemm_options t, std::int64_t m, std::int64_
     if (alpha != 1.0f) {
       status = dnnl_primitive_attr_set_output_scales(attr, 1, 0, &alpha);
     }
-    if (status == dnnl_success && beta != 0.0f) {
+    if (status == dnnl_success && (beta != 0.0f || epilogue != gemm_epilogue::none)) {
       status = dnnl_post_ops_create(&post_ops);
-      if (status == dnnl_success) {
+      if (status == dnnl_success && beta != 0.0f) {
         status = dnnl_post_ops_append_sum(post_ops, beta);
+      }
+      if (status == dnnl_success && epilogue == gemm_epilogue::relu) {
+        status = dnnl_post_ops_append_eltwise(post_ops, 1.0f, dnnl_eltwise_relu, 0.0f, 0.0f);
       }
       if (status == dnnl_success) {
         status = dnnl_primitive_attr_set_post_ops(attr, post_ops);
@@ -812,14 +820,16 @@ inline void gemm_on(gemm_provider p, gemm_options t, std::size_t m, std::size_t 
   throw std::invalid_argument(std::string("gemm: this build has no ") + to_string(p));
 }
 
-// C = op(A) * op(B) + bias: the 1 x n row `bias` added to every row of C (m x n, leading
-// dimension ldc; its old values are not read). On oneDNN in one pass: a matmul primitive with
-// its bias argument, cached per shape (about 15% faster than filling C with the bias and adding
-// the product to it, at 256 x 1024 x 1024 on one Emerald Rapids core). Elsewhere, and for
-// bfloat16 products, C's rows start as the bias and the product adds to them.
+// C = epilogue(op(A) * op(B) + bias): the 1 x n row `bias` added to every row of C (m x n,
+// leading dimension ldc; its old values are not read), then the epilogue. On oneDNN in one pass:
+// a matmul primitive with its bias argument and the epilogue as a post-op, cached per shape
+// (about 15% faster than filling C with the bias and adding the product to it, at 256 x 1024 x
+// 1024 on one Emerald Rapids core). Elsewhere, and for bfloat16 products, C's rows start as the
+// bias, the product adds to them, and the epilogue is a pass over C.
 inline void gemm_bias_on(gemm_provider p, gemm_options t, std::size_t m, std::size_t n,
                          std::size_t k, const float* a, std::size_t lda, const float* b,
-                         std::size_t ldb, const float* bias, float* c, std::size_t ldc) {
+                         std::size_t ldb, const float* bias, float* c, std::size_t ldc,
+                         gemm_epilogue epilogue = gemm_epilogue::none) {
   if (m == 0 || n == 0) {
     return;
   }
@@ -828,7 +838,7 @@ inline void gemm_bias_on(gemm_provider p, gemm_options t, std::size_t m, std::si
     detail::check_gemm_dims(m, n, k, lda, ldb, ldc);
     const auto i = [](std::size_t v) { return static_cast<std::int64_t>(v); };
     detail::onednn_matmul(false, t, i(m), i(n), i(k), 1.0f, a, i(lda), b, i(ldb), bias, 0.0f, c,
-                          i(ldc));
+                          i(ldc), epilogue);
     return;
   }
 #endif
@@ -836,13 +846,18 @@ inline void gemm_bias_on(gemm_provider p, gemm_options t, std::size_t m, std::si
     std::copy(bias, bias + n, c + r * ldc);
   }
   gemm_on(p, t, m, n, k, 1.0f, a, lda, b, ldb, 1.0f, c, ldc);
+  if (epilogue == gemm_epilogue::relu) {
+    detail::gemm_map cm(c, static_cast<Eigen::Index>(m), static_cast<Eigen::Index>(n),
+                        Eigen::OuterStride<>(static_cast<Eigen::Index>(ldc)));
+    cm.array() = (cm.array() > 0.0f).select(cm.array(), 0.0f);
+  }
 }
 
 // The same on the process's current provider.
 inline void gemm_bias(gemm_options t, std::size_t m, std::size_t n, std::size_t k, const float* a,
                       std::size_t lda, const float* b, std::size_t ldb, const float* bias, float* c,
-                      std::size_t ldc) {
-  gemm_bias_on(current_gemm(), t, m, n, k, a, lda, b, ldb, bias, c, ldc);
+                      std::size_t ldc, gemm_epilogue epilogue = gemm_epilogue::none) {
+  gemm_bias_on(current_gemm(), t, m, n, k, a, lda, b, ldb, bias, c, ldc, epilogue);
 }
 
 // gemm_on on the process's current provider.

@@ -18,6 +18,13 @@
 // gradient comes last, final when backward returns. It writes its gradients rather than adding
 // when asked (backward_args::write_grads). Its backward splits (requirement 9): backward_input
 // is dx = dy W, backward_weight the weight and bias gradients.
+//
+// With .activation = fused_activation::relu the output is max(x W^T + b, 0): the layer equals
+// linear followed by relu{}, with the ReLU applied by the product itself where the provider
+// can (oneDNN's post-op: no pass of its own). Backward then reads args.output (the derivative
+// is 1 where the output is positive, else 0, as relu's) and forms the masked output gradient in
+// its workspace (batch x rows x out floats, what a separate relu's output would take);
+// backward_weight and backward_input each form it, so either may run first or alone.
 
 #include <Eigen/Core>
 #include <algorithm>
@@ -29,10 +36,14 @@
 #include <vector>
 
 #include "strata/core/shape.hpp"
+#include "strata/model/activations.hpp"
 #include "strata/model/concepts.hpp"
 #include "strata/model/gemm.hpp"
 
 namespace strata::model {
+
+// An activation linear applies to its own output (fused into the product where it can).
+enum class fused_activation { none, relu };
 
 struct linear {
   using layer_category = layer_tag;
@@ -42,9 +53,10 @@ struct linear {
   // Requirement 9: backward = backward_weight, then backward_input.
   static constexpr bool splits_backward = true;
 
-  std::size_t in = 0;   // input features, at least 1
-  std::size_t out = 0;  // output features, at least 1
-  bool bias = true;     // add a learned bias
+  std::size_t in = 0;                                    // input features, at least 1
+  std::size_t out = 0;                                   // output features, at least 1
+  bool bias = true;                                      // add a learned bias
+  fused_activation activation = fused_activation::none;  // applied to the output
 
   sample_shape output_shape(const sample_shape& input) const {
     if (in == 0) {
@@ -87,13 +99,19 @@ struct linear {
   }
 
   // Per sample and row: a multiply and an add per weight forward; dx and dW each as much
-  // backward.
+  // backward; a fused ReLU one compare per output each way.
   layer_cost cost(const sample_shape& input) const {
     const auto r = static_cast<double>(rows_of(input));
     const auto weights = static_cast<double>(in) * static_cast<double>(out);
-    return {.forward_flops = 2.0 * weights * r,
-            .backward_flops = 4.0 * weights * r,
+    const double relu = activation == fused_activation::relu ? static_cast<double>(out) * r : 0.0;
+    return {.forward_flops = 2.0 * weights * r + relu,
+            .backward_flops = 4.0 * weights * r + relu,
             .activation_bytes = rows_of(input) * out * sizeof(float)};
+  }
+
+  // With a fused ReLU, the masked output gradient backward forms (batch x rows x out floats).
+  std::size_t workspace_elements(const sample_shape& input, std::size_t batch) const {
+    return activation == fused_activation::relu ? batch * rows_of(input) * out : 0;
   }
 
   // The rows a sample of shape `input` is mapped as: channels x height for rows of width `in`,
@@ -110,28 +128,66 @@ struct linear {
     if (n == 0) {
       return;
     }
-    // y = x W^T (+ b, in the same pass where the provider can: gemm_bias).
+    // y = x W^T (+ b, and the ReLU, in the same pass where the provider can: gemm_bias).
     const bool bf16 = args.storage == dtype::bfloat16;
+    const bool relu = activation == fused_activation::relu;
     if (bias) {
       gemm_bias({.transpose_b = true, .bfloat16_inputs = bf16}, n, out, in, args.input.data(), in,
-                args.params.data(), in, args.params.data() + out * in, args.output.data(), out);
+                args.params.data(), in, args.params.data() + out * in, args.output.data(), out,
+                relu ? gemm_epilogue::relu : gemm_epilogue::none);
     } else {
       gemm({.transpose_b = true, .bfloat16_inputs = bf16}, n, out, in, 1.0f, args.input.data(), in,
            args.params.data(), in, 0.0f, args.output.data(), out);
+      if (relu) {
+        detail::keep_where_positive(args.output.data(), args.output.data(), args.output.data(),
+                                    n * out);
+      }
     }
   }
 
   void backward(const backward_args& args) const {
-    backward_weight(args);
-    backward_input(args);
+    const std::span<const float> dy = output_gradient(args);
+    weight_gradient(args, dy);
+    input_gradient(args, dy);
   }
 
   // The weight and bias gradients of backward.
   void backward_weight(const backward_args& args) const {
+    weight_gradient(args, output_gradient(args));
+  }
+
+  // The input gradient of backward: dx = dy W (nothing when args.grad_input is empty).
+  void backward_input(const backward_args& args) const {
+    if (args.grad_input.empty()) {
+      return;
+    }
+    input_gradient(args, output_gradient(args));
+  }
+
+  // The fewest rows of the weight gradient computed at once when asked for parts.
+  static constexpr std::size_t min_part_rows = 16;
+
+  friend bool operator==(const linear&, const linear&) = default;
+
+ private:
+  // The gradient of the product's output: args.grad_output, or with a fused ReLU that gradient
+  // where the output is positive (else 0), formed in the workspace.
+  std::span<const float> output_gradient(const backward_args& args) const {
+    if (activation != fused_activation::relu) {
+      return args.grad_output;
+    }
+    const std::size_t n = args.batch * rows_of(args.in_shape) * out;
+    assert(args.output.size() == n && args.grad_output.size() == n && args.workspace.size() == n &&
+           "linear: output, grad_output and workspace must hold batch x out floats");
+    detail::keep_where_positive(args.output.data(), args.grad_output.data(), args.workspace.data(),
+                                n);
+    return {args.workspace.data(), n};
+  }
+
+  void weight_gradient(const backward_args& args, std::span<const float> grad_output) const {
     const std::size_t n = args.batch * rows_of(args.in_shape);
     assert(args.input.size() == n * in && "linear: input must hold batch x in floats");
-    assert(args.grad_output.size() == n * out &&
-           "linear: grad_output must hold batch x out floats");
+    assert(grad_output.size() == n * out && "linear: grad_output must hold batch x out floats");
     assert(args.params.size() == parameter_elements() && "linear: params size mismatch");
     assert(args.grads.size() == parameter_elements() && "linear: grads size mismatch");
     if (n == 0) {
@@ -142,7 +198,7 @@ struct linear {
     }
     const bool bf16 = args.storage == dtype::bfloat16;
     const float* x = args.input.data();
-    const float* dy = args.grad_output.data();
+    const float* dy = grad_output.data();
     float* dw = args.grads.data();
     // Adding into dW, or writing it (write_grads: the products overwrite what is there).
     const float dw_beta = args.write_grads ? 0.0f : 1.0f;
@@ -174,27 +230,19 @@ struct linear {
     }
   }
 
-  // The input gradient of backward: dx = dy W (nothing when args.grad_input is empty).
-  void backward_input(const backward_args& args) const {
+  void input_gradient(const backward_args& args, std::span<const float> grad_output) const {
     const std::size_t n = args.batch * rows_of(args.in_shape);
-    assert(args.grad_output.size() == n * out &&
-           "linear: grad_output must hold batch x out floats");
+    assert(grad_output.size() == n * out && "linear: grad_output must hold batch x out floats");
     assert((args.grad_input.empty() || args.grad_input.size() == n * in) &&
            "linear: grad_input must be empty or hold batch x in floats");
     if (n == 0 || args.grad_input.empty()) {
       return;
     }
     const bool bf16 = args.storage == dtype::bfloat16;
-    gemm({.bfloat16_inputs = bf16}, n, in, out, 1.0f, args.grad_output.data(), out,
-         args.params.data(), in, 0.0f, args.grad_input.data(), in);
+    gemm({.bfloat16_inputs = bf16}, n, in, out, 1.0f, grad_output.data(), out, args.params.data(),
+         in, 0.0f, args.grad_input.data(), in);
   }
 
-  // The fewest rows of the weight gradient computed at once when asked for parts.
-  static constexpr std::size_t min_part_rows = 16;
-
-  friend bool operator==(const linear&, const linear&) = default;
-
- private:
   using row_major = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
   using const_matrix = Eigen::Map<const row_major>;
   using row = Eigen::Map<Eigen::RowVectorXf>;
@@ -207,7 +255,8 @@ struct linear {
 
 inline std::string to_string(const linear& l) {
   return "linear{.in = " + std::to_string(l.in) + ", .out = " + std::to_string(l.out) +
-         ", .bias = " + (l.bias ? "true" : "false") + "}";
+         ", .bias = " + (l.bias ? "true" : "false") +
+         (l.activation == fused_activation::relu ? ", .activation = relu" : "") + "}";
 }
 
 static_assert(check_layer<linear>());

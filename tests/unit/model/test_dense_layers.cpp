@@ -117,6 +117,103 @@ TEST_CASE("linear: backward matches central differences") {
     CHECK_MESSAGE(r.passed(), r.report());
     CHECK(r.probes == 50 + 50 + 24);
   }
+  SUBCASE("a fused ReLU, with and without bias") {
+    const auto r =
+        check_gradients(sm::linear{.in = 7, .out = 6, .activation = sm::fused_activation::relu},
+                        {.batch = 4, .in_shape = vec(7), .seed = 11});
+    CHECK_MESSAGE(r.passed(), r.report());
+    CHECK(r.probes == 4 * 7 + 6 * 7 + 6);
+    const auto no_bias = check_gradients(
+        sm::linear{.in = 5, .out = 4, .bias = false, .activation = sm::fused_activation::relu},
+        {.batch = 3, .in_shape = vec(5), .seed = 12});
+    CHECK_MESSAGE(no_bias.passed(), no_bias.report());
+  }
+}
+
+TEST_CASE("linear with a fused ReLU equals linear then relu, on every provider, split or whole") {
+  const std::size_t batch = 9;
+  const std::size_t in = 37;
+  const std::size_t out = 21;
+  const auto x = random_values(batch * in, 21);
+  const auto dy = random_values(batch * out, 22);
+  for (const bool bias : {true, false}) {
+    const sm::linear plain{.in = in, .out = out, .bias = bias};
+    const sm::linear fused{
+        .in = in, .out = out, .bias = bias, .activation = sm::fused_activation::relu};
+    const auto params = random_values(bias ? out * in + out : out * in, 23);
+    for (const sm::gemm_provider p : sm::available_gemm_providers()) {
+      CAPTURE(sm::to_string(p));
+      CAPTURE(bias);
+      const sm::gemm_scope use(p);
+      // linear, then relu over its output.
+      const auto z = run_forward(plain, vec(in), batch, x, params);
+      const auto y = run_forward(sm::relu{}, vec(out), batch, z.output);
+      const auto f = run_forward(fused, vec(in), batch, x, params);
+      REQUIRE(f.workspace.size() == batch * out);
+      std::size_t zeros = 0;
+      for (std::size_t i = 0; i < y.output.size(); ++i) {
+        CHECK(f.output[i] == doctest::Approx(y.output[i]).epsilon(1e-6));
+        CHECK((f.output[i] > 0.0f) == (y.output[i] > 0.0f));
+        zeros += y.output[i] == 0.0f ? 1 : 0;
+      }
+      CHECK(zeros > batch * out / 4);  // the ReLU is exercised
+      CHECK(zeros < batch * out * 3 / 4);
+
+      // Backward of the pair: relu's, then linear's.
+      std::vector<float> dz(batch * out);
+      sm::relu{}.backward({.batch = batch,
+                           .in_shape = vec(out),
+                           .out_shape = vec(out),
+                           .input = z.output,
+                           .output = y.output,
+                           .grad_output = dy,
+                           .grad_input = dz});
+      std::vector<float> want_grads(params.size(), 0.0f);
+      std::vector<float> want_dx(batch * in);
+      plain.backward({.batch = batch,
+                      .in_shape = vec(in),
+                      .out_shape = vec(out),
+                      .input = x,
+                      .output = z.output,
+                      .grad_output = dz,
+                      .grad_input = want_dx,
+                      .params = params,
+                      .grads = want_grads});
+      const auto same = [](const std::vector<float>& got, const std::vector<float>& want) {
+        REQUIRE(got.size() == want.size());
+        for (std::size_t i = 0; i < got.size(); ++i) {
+          CHECK(got[i] == doctest::Approx(want[i]).epsilon(1e-5).scale(1.0));
+        }
+      };
+      // Whole, then split with the input gradient first (a zero-bubble schedule's order), each
+      // from a workspace holding garbage.
+      for (const bool split : {false, true}) {
+        CAPTURE(split);
+        std::vector<float> work(batch * out, std::numeric_limits<float>::quiet_NaN());
+        std::vector<float> grads(params.size(), 0.0f);
+        std::vector<float> dx(batch * in, std::numeric_limits<float>::quiet_NaN());
+        const sm::backward_args args{.batch = batch,
+                                     .in_shape = vec(in),
+                                     .out_shape = vec(out),
+                                     .input = x,
+                                     .output = f.output,
+                                     .grad_output = dy,
+                                     .grad_input = dx,
+                                     .params = params,
+                                     .grads = grads,
+                                     .workspace = work};
+        if (split) {
+          fused.backward_input(args);
+          std::fill(work.begin(), work.end(), std::numeric_limits<float>::quiet_NaN());
+          fused.backward_weight(args);
+        } else {
+          fused.backward(args);
+        }
+        same(grads, want_grads);
+        same(dx, want_dx);
+      }
+    }
+  }
 }
 
 TEST_CASE("relu: values at the edges, in place, without a branch on the sign") {
@@ -436,6 +533,12 @@ TEST_CASE("linear: parameters, shapes, printing") {
         "linear{.in = 3, .out = 1, .bias = false}");
   CHECK(l == sm::linear{.in = 784, .out = 10, .bias = true});
   CHECK_FALSE(l == sm::linear{.in = 784, .out = 10, .bias = false});
+  const sm::linear fused{.in = 784, .out = 10, .activation = sm::fused_activation::relu};
+  CHECK(to_string(fused) == "linear{.in = 784, .out = 10, .bias = true, .activation = relu}");
+  CHECK_FALSE(l == fused);
+  CHECK(fused.parameters(vec(784)) == specs);
+  CHECK(sm::layer_traits<sm::linear>::workspace_elements(l, vec(784), 5) == 0);
+  CHECK(sm::layer_traits<sm::linear>::workspace_elements(fused, vec(784), 5) == 50);
 }
 
 TEST_CASE("linear: output_shape names the numbers it rejects") {
@@ -633,7 +736,7 @@ TEST_CASE("dropout: the mask is a function of (seed, step, layer, sample id) onl
 
   // The documented draw, word by word: sample b's stream, one word per two elements (low half
   // first); an odd element count uses the low half of one more word.
-  const std::size_t odd = 101;
+  const std::size_t odd = 229;  // 3 blocks of 64 and a rest
   const std::vector<float> odd_x(2 * odd, 1.0f);
   const auto odd_run = run_forward(d, vec(odd), 2, odd_x, {}, true, key);
   const auto t = static_cast<std::uint32_t>(0.5 * 65536.0 + 0.5);
@@ -701,6 +804,9 @@ TEST_CASE("layer costs per sample") {
   using sm::layer_cost;
   CHECK(sm::layer_traits<sm::linear>::cost(sm::linear{.in = 10, .out = 4}, vec(10)) ==
         layer_cost{.forward_flops = 80.0, .backward_flops = 160.0, .activation_bytes = 16});
+  CHECK(sm::layer_traits<sm::linear>::cost(
+            sm::linear{.in = 10, .out = 4, .activation = sm::fused_activation::relu}, vec(10)) ==
+        layer_cost{.forward_flops = 84.0, .backward_flops = 164.0, .activation_bytes = 16});
   const sample_shape image{.channels = 2, .height = 3, .width = 5};
   CHECK(sm::relu{}.cost(image) ==
         layer_cost{.forward_flops = 30.0, .backward_flops = 30.0, .activation_bytes = 120});
@@ -1068,10 +1174,13 @@ TEST_CASE("gemm_bias: the product plus a row, every provider and transpose, C no
         for (std::size_t i = 0; i < m; ++i) {
           c[i * ldc + n] = 5.0f;  // padding: left alone
         }
-        // The same answer on the cached primitive's second use.
-        for (int use = 0; use < 2; ++use) {
+        // The same answer on the cached primitive's second use; then with the ReLU epilogue.
+        for (int use = 0; use < 4; ++use) {
+          const bool relu = use >= 2;
+          CAPTURE(relu);
           sm::gemm_bias_on(p, {.transpose_a = ta, .transpose_b = tb}, m, n, k, a_values.data(), lda,
-                           b_values.data(), ldb, bias.data(), c.data(), ldc);
+                           b_values.data(), ldb, bias.data(), c.data(), ldc,
+                           relu ? sm::gemm_epilogue::relu : sm::gemm_epilogue::none);
           double worst = 0.0;
           for (std::size_t i = 0; i < m; ++i) {
             for (std::size_t j = 0; j < n; ++j) {
@@ -1080,6 +1189,10 @@ TEST_CASE("gemm_bias: the product plus a row, every provider and transpose, C no
                 const double av = ta ? a_values[l * lda + i] : a_values[i * lda + l];
                 const double bv = tb ? b_values[j * ldb + l] : b_values[l * ldb + j];
                 sum += av * bv;
+              }
+              if (relu) {
+                CHECK(c[i * ldc + j] >= 0.0f);
+                sum = std::max(sum, 0.0);
               }
               worst = std::max(worst, std::abs(sum - c[i * ldc + j]));
             }

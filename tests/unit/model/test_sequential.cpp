@@ -195,6 +195,74 @@ TEST_CASE("activation checkpointing keeps segment ends only and gives the same g
   CHECK(w3.activation_floats() < plain.activation_floats() * 7 / 10);
 }
 
+TEST_CASE("linear's fused ReLU in a model: as linear, relu; recomputation gives the same bits") {
+  constexpr auto relu = sm::fused_activation::relu;
+  const strata::sample_shape in{.channels = 1, .height = 1, .width = 24};
+  const auto separate = sm::sequential(
+      in, sm::linear{.in = 24, .out = 32}, sm::relu{}, sm::dropout{.rate = 0.2},
+      sm::linear{.in = 32, .out = 32}, sm::relu{}, sm::dropout{.rate = 0.2},
+      sm::linear{.in = 32, .out = 32, .bias = false}, sm::relu{}, sm::linear{.in = 32, .out = 5});
+  const auto fused = sm::sequential(
+      in, sm::linear{.in = 24, .out = 32, .activation = relu}, sm::dropout{.rate = 0.2},
+      sm::linear{.in = 32, .out = 32, .activation = relu}, sm::dropout{.rate = 0.2},
+      sm::linear{.in = 32, .out = 32, .bias = false, .activation = relu},
+      sm::linear{.in = 32, .out = 5});
+  const std::size_t batch = 6;
+  const auto input = random_floats(batch * 24, 17);
+  const auto grad_out = random_floats(batch * 5, 18);
+  // The dropouts sit at other layer indices in the two models (so draw other masks in
+  // training): the models are compared in evaluation, where dropout is the identity, and the
+  // fused one with its own recomputation in both.
+  for (const bool training : {false, true}) {
+    CAPTURE(training);
+    const sm::run_options options{.training = training, .seed = 3, .step = 9, .sample_ids = {}};
+    auto a = separate.make_params();
+    a.initialize(5);
+    auto b = fused.make_params();
+    b.initialize(5);
+    REQUIRE(std::vector<float>(a.values().begin(), a.values().end()) ==
+            std::vector<float>(b.values().begin(), b.values().end()));
+    auto wa = separate.make_workspace(batch);
+    auto wb = fused.make_workspace(batch);
+    const auto ya = separate.forward(wa, a, input, batch, options);
+    const auto yb = fused.forward(wb, b, input, batch, options);
+    if (!training) {
+      for (std::size_t i = 0; i < ya.size(); ++i) {
+        CHECK(yb[i] == doctest::Approx(ya[i]).epsilon(1e-6));
+      }
+      separate.backward(wa, a, grad_out);
+      fused.backward(wb, b, grad_out);
+      for (std::size_t i = 0; i < a.grads().size(); ++i) {
+        CHECK(b.grads()[i] == doctest::Approx(a.grads()[i]).epsilon(1e-5));
+      }
+      // The fused linear's workspace (the masked gradient) takes what relu's output took.
+      CHECK(wb.activation_floats() == wa.activation_floats());
+    }
+    // Recomputing the fused model's segments gives its own bits.
+    const std::vector<float> logits(yb.begin(), yb.end());
+    if (training) {
+      b.zero_grads();
+    }
+    fused.backward(wb, b, grad_out);
+    const std::vector<float> grads(b.grads().begin(), b.grads().end());
+    for (std::size_t k : {1u, 2u, 3u}) {
+      CAPTURE(k);
+      auto params = fused.make_params();
+      params.initialize(5);
+      auto w = fused.make_workspace(batch, {.checkpoint_every = k});
+      const auto out = fused.forward(w, params, input, batch, options);
+      CHECK(std::vector<float>(out.begin(), out.end()) == logits);
+      if (training) {
+        fused.backward(w, params, grad_out);
+      } else {
+        fused.backward(w, params, grad_out);
+        fused.backward(w, params, grad_out);  // as b's: two backwards added
+      }
+      CHECK(std::vector<float>(params.grads().begin(), params.grads().end()) == grads);
+    }
+  }
+}
+
 TEST_CASE("discarded gradients: backward writes them, whatever the memory held") {
   // linear writes its gradients (writes_grads); layer_norm adds, so sequential zeroes its range
   // first. Both must give the bits that zero_grads() + backward gives, and a second backward
