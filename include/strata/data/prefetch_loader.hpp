@@ -54,6 +54,7 @@
 #include <utility>
 #include <vector>
 
+#include "strata/core/cpus.hpp"
 #include "strata/core/error.hpp"
 #include "strata/core/execution_space.hpp"
 #include "strata/core/host.hpp"
@@ -82,6 +83,10 @@ struct loader_config {
   double timeout_seconds = 60.0;   // longest wait for one batch; <= 0 waits forever
   std::uint64_t seed = 0;          // augmentation seed (sample i of epoch e draws (seed, e, i))
   std::size_t alignment = 64;      // bytes; batch inputs start on this boundary
+  // Added to each worker's nice value (Linux, where each thread has its own; at most 19): on
+  // CPUs the workers share with compute threads (the GEMM's, other ranks'), the compute runs
+  // first and the workers take the time it leaves. 0 keeps the caller's priority.
+  int worker_nice = 10;
 
   friend bool operator==(const loader_config&, const loader_config&) = default;
 };
@@ -93,7 +98,7 @@ inline std::string to_string(const loader_config& c) {
          ", .drop_last = " + (c.drop_last ? "true" : "false") +
          ", .timeout_seconds = " + std::to_string(c.timeout_seconds) +
          ", .seed = " + std::to_string(c.seed) + ", .alignment = " + std::to_string(c.alignment) +
-         "}";
+         ", .worker_nice = " + std::to_string(c.worker_nice) + "}";
 }
 
 // One batch as the step sees it; valid until the next call to next() or start_epoch().
@@ -211,6 +216,7 @@ class prefetch_loader {
       threads_.reserve(config_.workers);
       for (std::size_t w = 0; w < config_.workers; ++w) {
         threads_.emplace_back([this, w] {
+          lower_this_thread_priority(config_.worker_nice);
           const host_account_scope in(owner_);  // the builder's account (a thread rank's)
           work(w);
         });

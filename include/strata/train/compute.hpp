@@ -7,6 +7,7 @@
 // the CPU's vectors). Separate from the trainer so that
 // the executors of later parallel policies log the same.
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdio>
 #include <optional>
@@ -97,18 +98,54 @@ inline std::vector<std::string> compute_log(const model::gemm_decision& d, std::
                     "model::set_bf16_products(on) forces bfloat16 products; master weights and "
                     "the optimizer in float32");
   } else if (bf16 || storage == "float16") {
-    const bool units = bf16 ? (env.cpu.avx512_bf16 || env.cpu.amx_bf16)
-                            : (env.cpu.avx512_fp16 || env.cpu.amx_fp16);
+    std::string why;
+    if (bf16) {
+      why = env.cpu.avx512_bf16 || env.cpu.amx_bf16
+                ? "this CPU has AVX512-BF16 or AMX-BF16; bfloat16 products need gemm = onednn"
+                : "this CPU has no AVX512-BF16 or AMX-BF16";
+    } else if (env.cpu.amx_fp16) {
+      why = "this CPU has AMX-FP16, which strata's float16 products do not use yet";
+    } else if (env.cpu.avx512_fp16) {
+      why =
+          "this CPU has AVX512-FP16, whose float16 products accumulate in float16, not the "
+          "float32 the policy keeps; float16 products accumulated in float32 need AMX-FP16";
+    } else {
+      why = "this CPU has no AVX512-FP16 or AMX-FP16";
+    }
     lines.push_back(std::string("precision: ") + std::string(storage) +
                     " is emulated: the products run in float32 on values rounded to " +
-                    std::string(storage) + ", slower than float32 (this CPU " +
-                    (units ? "has " : "has no ") +
-                    (bf16 ? "AVX512-BF16 or AMX-BF16" : "AVX512-FP16 or AMX-FP16") +
-                    (units ? (bf16 ? "; bfloat16 products need gemm = onednn)"
-                                   : ", which strata does not use yet)")
-                           : ")"));
+                    std::string(storage) + ", slower than float32 (" + why + ")");
   }
   return lines;
+}
+
+// The log's line on how the threads share the usable CPUs, when the compute threads (ranks x
+// GEMM threads) and the loader's workers together outnumber them; empty otherwise. The workers
+// run at a lower priority (data::loader_config::worker_nice), so the products keep their CPUs
+// and the workers take the time the products leave; with worker_nice 0 they compete.
+inline std::string threads_note(int usable, int ranks_sharing, int gemm_threads,
+                                std::size_t workers, int worker_nice) {
+  const long compute = static_cast<long>(ranks_sharing) * gemm_threads;
+  const long loaders = static_cast<long>(ranks_sharing) * static_cast<long>(workers);
+  if (loaders == 0 || compute + loaders <= usable) {
+    return {};
+  }
+  std::string line = "threads: " + std::to_string(ranks_sharing) + " rank(s) x (" +
+                     std::to_string(gemm_threads) + " GEMM + " + std::to_string(workers) +
+                     " loader) threads on " + std::to_string(usable) + " usable CPU(s): ";
+  if (worker_nice > 0) {
+    line += "the loader workers run at nice +" + std::to_string(worker_nice) +
+            ", below the products, and take the CPU time the products leave (a loader that "
+            "falls behind shows as data time in the epoch lines)";
+  } else {
+    line += "the loader workers compete with the products at the same priority";
+  }
+  if (compute < usable) {
+    return line + "; blas_threads and loader_workers set the split";
+  }
+  return line + "; blas_threads " +
+         std::to_string(std::max(1L, (usable - loaders) / std::max(1, ranks_sharing))) +
+         " would leave the workers CPUs of their own";
 }
 
 }  // namespace strata::train::detail

@@ -17,11 +17,13 @@
 #include <string>
 #include <utility>
 
+#include "strata/core/cpus.hpp"
 #include "strata/core/error.hpp"
 #include "strata/data/concepts.hpp"
 #include "strata/data/prefetch_loader.hpp"
 #include "strata/data/sampler.hpp"
 #include "strata/data/subset.hpp"
+#include "strata/model/blas.hpp"
 #include "strata/model/param_store.hpp"
 #include "strata/optim/lr_schedule.hpp"
 #include "strata/parallel/executor.hpp"
@@ -185,6 +187,13 @@ struct fit_run {
     for (const std::string& line :
          detail::compute_log(t.gemm_, micro_batch, rows, cols, to_string(Trainer::compute_dtype))) {
       bar.message(line);
+    }
+    const data::loader_config settings = t.loader_settings(false);
+    const std::string threads = detail::threads_note(
+        usable_cpus(), t.comm_ ? t.comm_->ranks_sharing_cpus() : 1, model::blas_threads(),
+        reads ? settings.workers : 0, settings.worker_nice);
+    if (!threads.empty()) {
+      bar.message(threads);
     }
   }
 

@@ -373,3 +373,40 @@ TEST_CASE("workers count their allocations in the account of the thread that bui
   CHECK(*transform.spaces == std::set<std::string>{"host:loader-owner"});
   CHECK(account.memory().stats().in_use == 0);
 }
+
+namespace {
+
+// Records the nice value of every thread that transforms a sample.
+struct nice_recorder {
+  using transform_category = sd::transform_tag;
+  std::shared_ptr<std::mutex> mutex = std::make_shared<std::mutex>();
+  std::shared_ptr<std::set<int>> nice = std::make_shared<std::set<int>>();
+  sd::sample_shape output_shape(const sd::sample_shape& in) const { return in; }
+  void apply(std::span<const float> in, const sd::sample_shape&, std::span<float> out,
+             const sd::transform_context&) const {
+    std::copy(in.begin(), in.end(), out.begin());
+    const std::lock_guard lock(*mutex);
+    nice->insert(strata::this_thread_nice());
+  }
+};
+
+}  // namespace
+
+TEST_CASE("workers run below the caller's priority, by worker_nice, and the caller keeps its own") {
+  synthetic data{.n = 64};
+  const int caller = strata::this_thread_nice();
+  for (const int increment : {10, 3, 0}) {
+    CAPTURE(increment);
+    const nice_recorder transform;
+    sd::prefetch_loader loader(
+        data, transform, sd::distributed_sampler({.dataset_size = 64, .shuffle = false}),
+        {.batch_size = 8, .workers = 2, .prefetch_depth = 2, .worker_nice = increment});
+    CHECK(drain(loader, 0).indices.size() == 64);
+#if defined(__linux__)
+    CHECK(*transform.nice == std::set<int>{std::min(19, caller + increment)});
+#endif
+    CHECK(strata::this_thread_nice() == caller);
+  }
+  CHECK(to_string(sd::loader_config{.worker_nice = 4}).find(".worker_nice = 4}") !=
+        std::string::npos);
+}

@@ -334,6 +334,14 @@ TEST_CASE("the log's first lines say how 16-bit products run on this CPU, and wh
   const auto fp16 = precision_lines("float16");
   REQUIRE(fp16.size() == 1);
   CHECK(fp16[0].starts_with("precision: float16 is emulated"));
+  CAPTURE(fp16[0]);
+  if (cpu.amx_fp16) {
+    CHECK(fp16[0].find("this CPU has AMX-FP16, which") != std::string::npos);
+  } else if (cpu.avx512_fp16) {
+    CHECK(fp16[0].find("whose float16 products accumulate in float16") != std::string::npos);
+  } else {
+    CHECK(fp16[0].find("this CPU has no AVX512-FP16 or AMX-FP16") != std::string::npos);
+  }
   // Off: the emulated line whatever the CPU has.
   struct restore {
     ~restore() { sm::set_bf16_products(sm::bf16_products_mode::automatic); }
@@ -342,6 +350,28 @@ TEST_CASE("the log's first lines say how 16-bit products run on this CPU, and wh
   const auto off = precision_lines("bfloat16");
   REQUIRE(off.size() == 1);
   CHECK(off[0].starts_with("precision: bfloat16 is emulated"));
+}
+
+TEST_CASE("the log says how the threads share the CPUs when loader workers outnumber them") {
+  using st::detail::threads_note;
+  // Room for everything, or no workers: nothing to say.
+  CHECK(threads_note(8, 2, 2, 2, 10).empty());
+  CHECK(threads_note(2, 1, 2, 0, 10).empty());
+  // Example 01 on 2 CPUs: 2 GEMM threads and a worker.
+  const std::string two = threads_note(2, 1, 2, 1, 10);
+  CHECK(two ==
+        "threads: 1 rank(s) x (2 GEMM + 1 loader) threads on 2 usable CPU(s): the loader "
+        "workers run at nice +10, below the products, and take the CPU time the products "
+        "leave (a loader that falls behind shows as data time in the epoch lines); "
+        "blas_threads 1 would leave the workers CPUs of their own");
+  // 4 thread ranks of 1 GEMM thread and 2 workers each on 4 CPUs: at least 1 GEMM thread.
+  CHECK(threads_note(4, 4, 1, 2, 10)
+            .ends_with("blas_threads 1 would leave the workers CPUs of "
+                       "their own"));
+  // GEMM threads below the CPUs, but the workers on top overflow them.
+  CHECK(threads_note(4, 1, 3, 2, 10).ends_with("; blas_threads and loader_workers set the split"));
+  CHECK(threads_note(2, 1, 2, 1, 0).find("compete with the products at the same priority") !=
+        std::string::npos);
 }
 
 TEST_CASE("float16 with injected overflows skips those steps bit for bit and recovers") {
