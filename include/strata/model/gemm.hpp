@@ -413,9 +413,10 @@ struct gemm_options {
   bool bfloat16_inputs = false;
 };
 
-// What gemm_bias applies to C after the product and the bias: nothing, or ReLU (max(x, 0), a
-// NaN kept where oneDNN fuses it, +0 elsewhere). On oneDNN's float32 matmul an eltwise post-op
-// of the same primitive (no pass of its own); elsewhere a pass over C after the product.
+// What gemm_bias applies to C after the product and the bias: nothing, or ReLU (max(x, 0); a
+// NaN gives +0, as relu{} does, on every provider: tested). On oneDNN's float32 matmul an
+// eltwise post-op of the same primitive (no pass of its own); elsewhere a pass over C after the
+// product.
 enum class gemm_epilogue { none, relu };
 
 // Whether products of bfloat16 inputs run in bfloat16 (oneDNN matmul): automatic = when the

@@ -145,7 +145,7 @@ inline std::string threads_note(int usable, int ranks_sharing, int gemm_threads,
   }
   return line + "; blas_threads " +
          std::to_string(std::max(1L, (usable - loaders) / std::max(1, ranks_sharing))) +
-         " would leave the workers CPUs of their own";
+         " would give the workers CPUs of their own, for a loader that needs them";
 }
 
 }  // namespace strata::train::detail

@@ -1203,6 +1203,15 @@ TEST_CASE("gemm_bias: the product plus a row, every provider and transpose, C no
         }
       }
     }
+    // The ReLU epilogue turns a NaN into +0, as relu{} does.
+    const std::vector<float> nan_row = {nan, 1.0f, -1.0f, 2.0f};
+    const std::vector<float> identity = {1.0f, 0.0f, 0.0f, 1.0f};
+    const std::vector<float> shift = {0.0f, 5.0f};
+    std::vector<float> relu_out(4, -1.0f);
+    sm::gemm_bias_on(p, {}, 2, 2, 2, nan_row.data(), 2, identity.data(), 2, shift.data(),
+                     relu_out.data(), 2, sm::gemm_epilogue::relu);
+    CHECK(relu_out == std::vector<float>{0.0f, 0.0f, 0.0f, 7.0f});
+    CHECK_FALSE(std::signbit(relu_out[0]));
     // k = 0: every row is the bias.
     std::vector<float> c(2 * n, nan);
     sm::gemm_bias_on(p, {}, 2, n, 0, a_values.data(), 1, b_values.data(), n, bias.data(), c.data(),

@@ -363,11 +363,11 @@ TEST_CASE("the log says how the threads share the CPUs when loader workers outnu
         "threads: 1 rank(s) x (2 GEMM + 1 loader) threads on 2 usable CPU(s): the loader "
         "workers run at nice +10, below the products, and take the CPU time the products "
         "leave (a loader that falls behind shows as data time in the epoch lines); "
-        "blas_threads 1 would leave the workers CPUs of their own");
+        "blas_threads 1 would give the workers CPUs of their own, for a loader that needs them");
   // 4 thread ranks of 1 GEMM thread and 2 workers each on 4 CPUs: at least 1 GEMM thread.
   CHECK(threads_note(4, 4, 1, 2, 10)
-            .ends_with("blas_threads 1 would leave the workers CPUs of "
-                       "their own"));
+            .ends_with("blas_threads 1 would give the workers CPUs of their own, for a loader "
+                       "that needs them"));
   // GEMM threads below the CPUs, but the workers on top overflow them.
   CHECK(threads_note(4, 1, 3, 2, 10).ends_with("; blas_threads and loader_workers set the split"));
   CHECK(threads_note(2, 1, 2, 1, 0).find("compete with the products at the same priority") !=
