@@ -821,6 +821,18 @@ inline void gemm_on(gemm_provider p, gemm_options t, std::size_t m, std::size_t 
   throw std::invalid_argument(std::string("gemm: this build has no ") + to_string(p));
 }
 
+// The epilogue as a pass over C (m x n, leading dimension ldc), for products that did not fuse
+// it: ReLU keeps the positive values and writes +0 elsewhere (a NaN included).
+inline void apply_gemm_epilogue(gemm_epilogue epilogue, std::size_t m, std::size_t n, float* c,
+                                std::size_t ldc) {
+  if (epilogue != gemm_epilogue::relu || m == 0 || n == 0) {
+    return;
+  }
+  detail::gemm_map cm(c, static_cast<Eigen::Index>(m), static_cast<Eigen::Index>(n),
+                      Eigen::OuterStride<>(static_cast<Eigen::Index>(ldc)));
+  cm.array() = (cm.array() > 0.0f).select(cm.array(), 0.0f);
+}
+
 // C = epilogue(op(A) * op(B) + bias): the 1 x n row `bias` added to every row of C (m x n,
 // leading dimension ldc; its old values are not read), then the epilogue. On oneDNN in one pass:
 // a matmul primitive with its bias argument and the epilogue as a post-op, cached per shape
@@ -847,11 +859,7 @@ inline void gemm_bias_on(gemm_provider p, gemm_options t, std::size_t m, std::si
     std::copy(bias, bias + n, c + r * ldc);
   }
   gemm_on(p, t, m, n, k, 1.0f, a, lda, b, ldb, 1.0f, c, ldc);
-  if (epilogue == gemm_epilogue::relu) {
-    detail::gemm_map cm(c, static_cast<Eigen::Index>(m), static_cast<Eigen::Index>(n),
-                        Eigen::OuterStride<>(static_cast<Eigen::Index>(ldc)));
-    cm.array() = (cm.array() > 0.0f).select(cm.array(), 0.0f);
-  }
+  apply_gemm_epilogue(epilogue, m, n, c, ldc);
 }
 
 // The same on the process's current provider.

@@ -138,10 +138,8 @@ struct linear {
     } else {
       gemm({.transpose_b = true, .bfloat16_inputs = bf16}, n, out, in, 1.0f, args.input.data(), in,
            args.params.data(), in, 0.0f, args.output.data(), out);
-      if (relu) {
-        detail::keep_where_positive(args.output.data(), args.output.data(), args.output.data(),
-                                    n * out);
-      }
+      apply_gemm_epilogue(relu ? gemm_epilogue::relu : gemm_epilogue::none, n, out,
+                          args.output.data(), out);
     }
   }
 
