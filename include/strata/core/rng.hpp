@@ -23,6 +23,13 @@
 
 #include "strata/core/macros.hpp"
 
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__) && !defined(__CUDACC__)
+#define STRATA_RNG_AVX512 1
+#include <immintrin.h>
+#else
+#define STRATA_RNG_AVX512 0
+#endif
+
 namespace strata {
 
 // Four 32-bit words: a Philox4x32 counter, or one output block.
@@ -96,10 +103,12 @@ namespace detail {
 // modulo 2^32; words 1-3 fixed), written as 4 words each in block order. The same words as
 // philox4x32_round10 block by block, computed 16 blocks at a time with the words of the 16 in
 // separate arrays, so that the compiler runs the rounds in vector registers (32 x 32 -> 64-bit
-// multiplies: pmuludq, vpmuludq). Host only.
-inline void philox4x32_round10_blocks(std::uint32_t first, std::uint32_t word1, std::uint32_t word2,
-                                      std::uint32_t word3, const philox4x32_key& key,
-                                      std::size_t blocks, std::uint32_t* out) noexcept {
+// multiplies: pmuludq, vpmuludq). Host only; philox4x32_round10_blocks picks the AVX-512 form
+// below where the CPU has it.
+inline void philox4x32_round10_blocks_portable(std::uint32_t first, std::uint32_t word1,
+                                               std::uint32_t word2, std::uint32_t word3,
+                                               const philox4x32_key& key, std::size_t blocks,
+                                               std::uint32_t* out) noexcept {
   constexpr std::size_t lanes = 16;
   for (std::size_t base = 0; base < blocks; base += lanes) {
     alignas(64) std::uint32_t w0[lanes];
@@ -139,6 +148,145 @@ inline void philox4x32_round10_blocks(std::uint32_t first, std::uint32_t word1, 
       block[3] = w3[j];
     }
   }
+}
+
+#if STRATA_RNG_AVX512
+// GCC 12 warns inside its own AVX-512 intrinsics (their undefined-value placeholder reads as
+// uninitialized once inlined); the code here initializes every value it uses.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#if !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+// The same words on AVX-512F, compiled for it whatever the build's -march (the caller checks the
+// CPU): 16 blocks per register, word i of each block in register i, two such groups at a time so
+// that one group's multiplies run while the other's wait. A 32 x 32 -> 64-bit multiply of 16
+// lanes is two vpmuludq (even lanes, then odd lanes shifted down) whose halves are blended back
+// into the lanes; the four registers are then transposed into block order. Writes Groups x 16
+// blocks.
+template <int Groups>
+__attribute__((target("avx512f"), noinline)) inline void philox4x32_round10_groups_avx512(
+    std::uint32_t first, std::uint32_t word1, std::uint32_t word2, std::uint32_t word3,
+    const philox4x32_key& key, std::uint32_t* out) noexcept {
+  const __m512i m0 = _mm512_set1_epi32(static_cast<int>(philox4x32::multiplier_0));
+  const __m512i m1 = _mm512_set1_epi32(static_cast<int>(philox4x32::multiplier_1));
+  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  constexpr __mmask16 odd = 0xAAAA;
+  __m512i w0[Groups];
+  __m512i w1[Groups];
+  __m512i w2[Groups];
+  __m512i w3[Groups];
+  for (int g = 0; g < Groups; ++g) {
+    w0[g] = _mm512_add_epi32(
+        _mm512_set1_epi32(static_cast<int>(first + 16u * static_cast<unsigned>(g))), lane);
+    w1[g] = _mm512_set1_epi32(static_cast<int>(word1));
+    w2[g] = _mm512_set1_epi32(static_cast<int>(word2));
+    w3[g] = _mm512_set1_epi32(static_cast<int>(word3));
+  }
+  std::uint32_t k0 = key.words[0];
+  std::uint32_t k1 = key.words[1];
+  for (int round = 0; round < philox4x32::default_rounds; ++round) {
+    if (round > 0) {
+      k0 += philox4x32::weyl_0;
+      k1 += philox4x32::weyl_1;
+    }
+    const __m512i key0 = _mm512_set1_epi32(static_cast<int>(k0));
+    const __m512i key1 = _mm512_set1_epi32(static_cast<int>(k1));
+    for (int g = 0; g < Groups; ++g) {
+      const __m512i even_0 = _mm512_mul_epu32(w0[g], m0);
+      const __m512i odd_0 = _mm512_mul_epu32(_mm512_srli_epi64(w0[g], 32), m0);
+      const __m512i even_1 = _mm512_mul_epu32(w2[g], m1);
+      const __m512i odd_1 = _mm512_mul_epu32(_mm512_srli_epi64(w2[g], 32), m1);
+      const __m512i high_0 = _mm512_mask_blend_epi32(odd, _mm512_srli_epi64(even_0, 32), odd_0);
+      const __m512i low_0 = _mm512_mask_blend_epi32(odd, even_0, _mm512_slli_epi64(odd_0, 32));
+      const __m512i high_1 = _mm512_mask_blend_epi32(odd, _mm512_srli_epi64(even_1, 32), odd_1);
+      const __m512i low_1 = _mm512_mask_blend_epi32(odd, even_1, _mm512_slli_epi64(odd_1, 32));
+      // 0x96: the three-way exclusive or.
+      w0[g] = _mm512_ternarylogic_epi32(high_1, w1[g], key0, 0x96);
+      w2[g] = _mm512_ternarylogic_epi32(high_0, w3[g], key1, 0x96);
+      w1[g] = low_1;
+      w3[g] = low_0;
+    }
+  }
+  for (int g = 0; g < Groups; ++g) {
+    // Word pairs, then quadruples per 128-bit lane (blocks 0, 4, 8, 12 in u0; 1, 5, 9, 13 in u1;
+    // ...), then the 128-bit lanes transposed so that each register holds 4 consecutive blocks.
+    const __m512i t0 = _mm512_unpacklo_epi32(w0[g], w1[g]);
+    const __m512i t1 = _mm512_unpackhi_epi32(w0[g], w1[g]);
+    const __m512i t2 = _mm512_unpacklo_epi32(w2[g], w3[g]);
+    const __m512i t3 = _mm512_unpackhi_epi32(w2[g], w3[g]);
+    const __m512i u0 = _mm512_unpacklo_epi64(t0, t2);
+    const __m512i u1 = _mm512_unpackhi_epi64(t0, t2);
+    const __m512i u2 = _mm512_unpacklo_epi64(t1, t3);
+    const __m512i u3 = _mm512_unpackhi_epi64(t1, t3);
+    const __m512i v0 = _mm512_shuffle_i32x4(u0, u1, 0x44);
+    const __m512i v1 = _mm512_shuffle_i32x4(u2, u3, 0x44);
+    const __m512i v2 = _mm512_shuffle_i32x4(u0, u1, 0xEE);
+    const __m512i v3 = _mm512_shuffle_i32x4(u2, u3, 0xEE);
+    std::uint32_t* o = out + 64 * g;
+    _mm512_storeu_si512(o, _mm512_shuffle_i32x4(v0, v1, 0x88));
+    _mm512_storeu_si512(o + 16, _mm512_shuffle_i32x4(v0, v1, 0xDD));
+    _mm512_storeu_si512(o + 32, _mm512_shuffle_i32x4(v2, v3, 0x88));
+    _mm512_storeu_si512(o + 48, _mm512_shuffle_i32x4(v2, v3, 0xDD));
+  }
+}
+
+#pragma GCC diagnostic pop
+
+inline bool cpu_has_avx512f() noexcept {
+  static const bool yes = __builtin_cpu_supports("avx512f");
+  return yes;
+}
+#endif
+
+// The whole groups of 16 blocks on AVX-512F (two groups per call while two remain); returns the
+// number of blocks written, 0 where the CPU or the compiler has no AVX-512F.
+inline std::size_t philox4x32_round10_blocks_avx512(std::uint32_t first, std::uint32_t word1,
+                                                    std::uint32_t word2, std::uint32_t word3,
+                                                    const philox4x32_key& key, std::size_t blocks,
+                                                    std::uint32_t* out) noexcept {
+#if STRATA_RNG_AVX512
+  if (!cpu_has_avx512f()) {
+    return 0;
+  }
+  std::size_t done = 0;
+  for (; done + 32 <= blocks; done += 32) {
+    philox4x32_round10_groups_avx512<2>(first + static_cast<std::uint32_t>(done), word1, word2,
+                                        word3, key, out + 4 * done);
+  }
+  if (done + 16 <= blocks) {
+    philox4x32_round10_groups_avx512<1>(first + static_cast<std::uint32_t>(done), word1, word2,
+                                        word3, key, out + 4 * done);
+    done += 16;
+  }
+  return done;
+#else
+  (void)first, (void)word1, (void)word2, (void)word3, (void)key, (void)blocks, (void)out;
+  return 0;
+#endif
+}
+
+// Whether philox4x32_round10_blocks runs on AVX-512F here (the CPU has it and the compiler
+// builds it); elsewhere the portable form, which the compiler vectorizes for the build's ISA.
+inline bool philox_blocks_use_avx512() noexcept {
+#if STRATA_RNG_AVX512
+  return cpu_has_avx512f();
+#else
+  return false;
+#endif
+}
+
+// Philox4x32-10 of `blocks` consecutive counters, as philox4x32_round10_blocks_portable: whole
+// groups of 16 on AVX-512F where the CPU has it (about 9 times faster than the portable form
+// built for SSE2, twice as fast as built with -march=native, on an AVX-512 core), the rest
+// portable. Host only.
+inline void philox4x32_round10_blocks(std::uint32_t first, std::uint32_t word1, std::uint32_t word2,
+                                      std::uint32_t word3, const philox4x32_key& key,
+                                      std::size_t blocks, std::uint32_t* out) noexcept {
+  const std::size_t done =
+      philox4x32_round10_blocks_avx512(first, word1, word2, word3, key, blocks, out);
+  philox4x32_round10_blocks_portable(first + static_cast<std::uint32_t>(done), word1, word2, word3,
+                                     key, blocks - done, out + 4 * done);
 }
 
 }  // namespace detail
@@ -252,20 +400,29 @@ class rng_stream {
 
   // The next out.size() words, exactly as many operator() calls would return them, and the
   // stream advanced as far. Whole blocks are computed 16 at a time (vectorized): for bulk draws
-  // such as dropout's masks. Host only.
+  // such as dropout's masks. A fresh block (none of its words drawn) is computed again with the
+  // others, so that a stream's first 4n words are n whole blocks. Host only.
   void fill(std::span<std::uint32_t> out) noexcept {
     std::size_t pos = 0;
-    while (pos < out.size() && index_ < words_per_block) {
-      out[pos++] = block_.words[index_++];
+    if (index_ > 0) {
+      while (pos < out.size() && index_ < words_per_block) {
+        out[pos++] = block_.words[index_++];
+      }
     }
+    // Here the current block is either untouched (index_ == 0) or used up.
     const std::size_t whole = (out.size() - pos) / words_per_block;
     if (whole > 0) {
       const philox4x32_key key{
           {static_cast<std::uint32_t>(seed_), static_cast<std::uint32_t>(seed_ >> 32)}};
-      detail::philox4x32_round10_blocks(counter_.words[0] + 1, counter_.words[1], counter_.words[2],
-                                        counter_.words[3], key, whole, out.data() + pos);
-      counter_.words[0] += static_cast<std::uint32_t>(whole);  // the last block, used up
-      refill();
+      const std::uint32_t first = counter_.words[0] + (index_ == 0 ? 0u : 1u);
+      std::uint32_t* blocks = out.data() + pos;
+      detail::philox4x32_round10_blocks(first, counter_.words[1], counter_.words[2],
+                                        counter_.words[3], key, whole, blocks);
+      // The last block written, used up.
+      counter_.words[0] = first + static_cast<std::uint32_t>(whole - 1);
+      for (std::size_t w = 0; w < words_per_block; ++w) {
+        block_.words[w] = blocks[(whole - 1) * words_per_block + w];
+      }
       index_ = words_per_block;
       pos += whole * words_per_block;
     }

@@ -8,9 +8,11 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <iterator>
 #include <numeric>
 #include <random>
 #include <set>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -331,6 +333,65 @@ TEST_CASE("fill(words) is drawing them one by one, from any position, across the
   filled.fill(words);
   CHECK(words == draw_words(drawn, words.size()));
   CHECK(filled.position() == drawn.position());
+}
+
+TEST_CASE("Philox blocks in bulk: the AVX-512 and portable forms give philox4x32_round10's words") {
+  const strata::philox4x32_key key{{0x9E3779B9u, 0x01234567u}};
+  // The first counter 40 below 2^32: the larger counts wrap inside a group of 16.
+  const std::uint32_t first = 0xFFFFFFD8u;
+  const bool avx512 = strata::detail::philox_blocks_use_avx512();
+  const std::string which = avx512 ? "runs here" : "is not available here (not checked)";
+  MESSAGE("the AVX-512 form " << which);
+  for (std::size_t blocks : {0u, 1u, 15u, 16u, 17u, 31u, 32u, 33u, 48u, 49u, 64u, 100u}) {
+    CAPTURE(blocks);
+    std::vector<std::uint32_t> expected(4 * blocks);
+    for (std::size_t j = 0; j < blocks; ++j) {
+      const auto block =
+          strata::philox4x32_round10({{first + static_cast<std::uint32_t>(j), 7u, 8u, 9u}}, key);
+      std::copy(std::begin(block.words), std::end(block.words), expected.begin() + 4 * j);
+    }
+    // One word past the end shows that nothing is written beyond the blocks asked for.
+    const std::uint32_t guard = 0xA5A5A5A5u;
+    std::vector<std::uint32_t> portable(4 * blocks + 1, guard);
+    strata::detail::philox4x32_round10_blocks_portable(first, 7u, 8u, 9u, key, blocks,
+                                                       portable.data());
+    CHECK(std::equal(expected.begin(), expected.end(), portable.begin()));
+    CHECK(portable.back() == guard);
+    std::vector<std::uint32_t> chosen(4 * blocks + 1, guard);
+    strata::detail::philox4x32_round10_blocks(first, 7u, 8u, 9u, key, blocks, chosen.data());
+    CHECK(std::equal(expected.begin(), expected.end(), chosen.begin()));
+    CHECK(chosen.back() == guard);
+    std::vector<std::uint32_t> wide(4 * blocks + 1, guard);
+    const std::size_t done = strata::detail::philox4x32_round10_blocks_avx512(
+        first, 7u, 8u, 9u, key, blocks, wide.data());
+    CHECK(done == (avx512 ? blocks - blocks % 16 : 0u));
+    CHECK(std::equal(expected.begin(), expected.begin() + static_cast<std::ptrdiff_t>(4 * done),
+                     wide.begin()));
+    CHECK(wide[4 * done] == guard);
+  }
+}
+
+TEST_CASE("fill(words) from a fresh stream: whole blocks from its first, then draws go on") {
+  // A stream whose current block is untouched computes it again in the bulk draw; the words and
+  // the position after are those of drawing one by one.
+  for (std::size_t count : {4u, 8u, 64u, 128u, 512u, 514u}) {
+    CAPTURE(count);
+    auto filled = rng_stream::for_sample(21, 3, 77, 2);
+    auto drawn = filled;
+    std::vector<std::uint32_t> words(count);
+    filled.fill(words);
+    CHECK(words == draw_words(drawn, count));
+    CHECK(filled.position() == drawn.position());
+    CHECK(draw_words(filled, 6) == draw_words(drawn, 6));
+    // Two fills in a row are one fill of both.
+    auto twice = rng_stream::for_sample(21, 3, 77, 2);
+    std::vector<std::uint32_t> half(count / 2);
+    std::vector<std::uint32_t> rest(count - count / 2);
+    twice.fill(half);
+    twice.fill(rest);
+    half.insert(half.end(), rest.begin(), rest.end());
+    CHECK(half == words);
+  }
 }
 
 TEST_CASE("uniform_float and uniform_double: range, mean and variance over 10^6 draws") {
