@@ -117,10 +117,10 @@ options parse(int argc, char** argv) {
 auto make_mlp() {
   constexpr auto relu = sm::fused_activation::relu;
   return sm::sequential(strata::sample_shape{.channels = 1, .height = 28, .width = 28},
-                        sm::flatten{}, sm::linear{.in = 784, .out = 1024, .activation = relu},
-                        sm::dropout{.rate = 0.1},
-                        sm::linear{.in = 1024, .out = 1024, .activation = relu},
-                        sm::dropout{.rate = 0.1}, sm::linear{.in = 1024, .out = 10});
+                        sm::flatten{},
+                        sm::linear{.in = 784, .out = 1024, .activation = relu, .dropout = 0.1},
+                        sm::linear{.in = 1024, .out = 1024, .activation = relu, .dropout = 0.1},
+                        sm::linear{.in = 1024, .out = 10});
 }
 
 auto augmentation() {

@@ -63,6 +63,19 @@ inline void keep_where_positive(const float* keep, const float* v, float* out, s
   }
 }
 
+// out[i] = v[i] x scale where keep[i] > 0, else +0, branch-free as keep_where_positive. out may
+// be v or keep.
+inline void keep_where_positive_scaled(const float* keep, const float* v, float scale, float* out,
+                                       std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) {
+    const float scaled = v[i] * scale;
+    std::uint32_t bits = 0;
+    std::memcpy(&bits, &scaled, sizeof bits);
+    bits &= 0U - static_cast<std::uint32_t>(keep[i] > 0.0f);
+    std::memcpy(out + i, &bits, sizeof bits);
+  }
+}
+
 // The tanh approximation of GELU and its derivative, over spans. tanh is Eigen's vectorised one
 // (a rational approximation, under Eigen's default EIGEN_FAST_MATH; GELU within 2e-6 of the
 // formula through std::tanh in double, its derivative within 1e-5, tested): libm's scalar tanhf

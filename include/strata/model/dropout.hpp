@@ -70,6 +70,52 @@ inline void dropout_apply(const std::uint16_t* __restrict draws, const float* __
   }
 }
 
+// The same in place and without a mask: data = data x factor.
+template <std::size_t N>
+inline void dropout_apply_in_place(const std::uint16_t* __restrict draws, float* __restrict data,
+                                   std::uint32_t threshold, float keep_scale) noexcept {
+  for (std::size_t i = 0; i < N; ++i) {
+    data[i] = data[i] * (draws[i] >= threshold ? keep_scale : 0.0f);
+  }
+}
+
+// The drop threshold t = round(rate x 65536) on the 16-bit draws, and the kept elements'
+// scale 65536 / (65536 - t) (dropout's comment).
+inline std::uint32_t dropout_threshold(double rate) noexcept {
+  return static_cast<std::uint32_t>(rate * 65536.0 + 0.5);
+}
+inline float dropout_keep_scale(std::uint32_t threshold) noexcept {
+  return static_cast<float>(65536.0 / (65536.0 - threshold));
+}
+
+// One sample's 16-bit draws, `elements` of them (rounded up to even), from `rng`: its words in
+// one bulk draw (rng_stream::fill: the same words, vectorized), split into their halves in
+// element order (low half first), so that the loops over them are one compare, select and
+// multiply per element, which the compiler vectorizes. Per-thread scratch, valid until the
+// thread's next call.
+inline const std::uint16_t* dropout_draws(rng_stream rng, std::size_t elements) {
+  thread_local std::vector<std::uint32_t> words;
+  thread_local std::vector<std::uint16_t> draws;
+  words.resize((elements + 1) / 2);
+  draws.resize(2 * words.size());
+  rng.fill(words);
+  split_halves(words, draws);
+  return draws.data();
+}
+
+// One sample's dropout in place (no mask kept): data[i] x its factor, the draws of `rng`.
+inline void dropout_sample_in_place(rng_stream rng, float* data, std::size_t elements,
+                                    std::uint32_t threshold, float keep_scale) {
+  const std::uint16_t* draws = dropout_draws(rng, elements);
+  const std::size_t whole = elements - elements % dropout_block;
+  for (std::size_t i = 0; i < whole; i += dropout_block) {
+    dropout_apply_in_place<dropout_block>(draws + i, data + i, threshold, keep_scale);
+  }
+  for (std::size_t i = whole; i < elements; ++i) {
+    dropout_apply_in_place<1>(draws + i, data + i, threshold, keep_scale);
+  }
+}
+
 // The shortest text that reads back as the same value ("0.1", "nan").
 inline std::string dropout_number(double value) {
   return format_shortest(value);
@@ -120,30 +166,20 @@ struct dropout {
       std::fill(args.workspace.begin(), args.workspace.end(), 1.0f);
       return;
     }
-    const auto threshold = static_cast<std::uint32_t>(rate * 65536.0 + 0.5);
-    const auto keep_scale = static_cast<float>(65536.0 / (65536.0 - threshold));
-    // A sample's words in one bulk draw (rng_stream::fill: the same words, vectorized), then
-    // split into their 16-bit halves in element order (low half first), so that the loop
-    // below is one compare, select and multiply per element, which the compiler vectorizes.
-    thread_local std::vector<std::uint32_t> words;
-    thread_local std::vector<std::uint16_t> draws;
-    words.resize((elements + 1) / 2);
-    draws.resize(2 * words.size());
+    const std::uint32_t threshold = detail::dropout_threshold(rate);
+    const float keep_scale = detail::dropout_keep_scale(threshold);
     for (std::size_t b = 0; b < args.batch; ++b) {
-      rng_stream rng = args.rng_for(b);
-      rng.fill(words);
-      detail::split_halves(words, draws);
+      const std::uint16_t* draws = detail::dropout_draws(args.rng_for(b), elements);
       const float* in = args.input.data() + b * elements;
       float* out = args.output.data() + b * elements;
       float* mask = args.workspace.data() + b * elements;
       const std::size_t whole = elements - elements % detail::dropout_block;
       for (std::size_t i = 0; i < whole; i += detail::dropout_block) {
-        detail::dropout_apply<detail::dropout_block>(draws.data() + i, in + i, mask + i, out + i,
+        detail::dropout_apply<detail::dropout_block>(draws + i, in + i, mask + i, out + i,
                                                      threshold, keep_scale);
       }
       for (std::size_t i = whole; i < elements; ++i) {
-        detail::dropout_apply<1>(draws.data() + i, in + i, mask + i, out + i, threshold,
-                                 keep_scale);
+        detail::dropout_apply<1>(draws + i, in + i, mask + i, out + i, threshold, keep_scale);
       }
     }
   }

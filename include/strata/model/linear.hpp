@@ -25,6 +25,14 @@
 // is 1 where the output is positive, else 0, as relu's) and forms the masked output gradient in
 // its workspace (batch x rows x out floats, what a separate relu's output would take);
 // backward_weight and backward_input each form it, so either may run first or alone.
+//
+// With a fused ReLU, .dropout = rate drops the output in training as a dropout{.rate = rate}
+// after the layer would, the same draws from the layer's own streams (dropout.hpp: the 16-bit
+// draws of args.rng_for(sample), the kept elements scaled by 65536 / (65536 - t)), in place
+// on the output: no mask is stored and no pass of its own runs backward, because an element
+// was kept and positive exactly when the output is positive. The workspace's last float holds
+// the scale forward applied (1 in evaluation). Without the ReLU .dropout is refused (a kept
+// element whose product is 0 could not be told from a dropped one): use a dropout layer.
 
 #include <Eigen/Core>
 #include <algorithm>
@@ -38,6 +46,7 @@
 #include "strata/core/shape.hpp"
 #include "strata/model/activations.hpp"
 #include "strata/model/concepts.hpp"
+#include "strata/model/dropout.hpp"
 #include "strata/model/gemm.hpp"
 
 namespace strata::model {
@@ -57,6 +66,7 @@ struct linear {
   std::size_t out = 0;                                   // output features, at least 1
   bool bias = true;                                      // add a learned bias
   fused_activation activation = fused_activation::none;  // applied to the output
+  double dropout = 0.0;  // with activation = relu: the output's dropout rate in training, [0, 1)
 
   sample_shape output_shape(const sample_shape& input) const {
     if (in == 0) {
@@ -64,6 +74,16 @@ struct linear {
     }
     if (out == 0) {
       throw std::invalid_argument("linear: out must be at least 1, got 0");
+    }
+    if (!(dropout >= 0.0 && dropout < 1.0)) {
+      throw std::invalid_argument("linear: dropout must be in [0, 1), got " +
+                                  detail::dropout_number(dropout));
+    }
+    if (dropout > 0.0 && activation != fused_activation::relu) {
+      throw std::invalid_argument(
+          "linear: .dropout = " + detail::dropout_number(dropout) +
+          " needs .activation = fused_activation::relu (backward tells the kept elements by "
+          "the output's sign); put a dropout layer after the linear instead");
     }
     if (input.elements() == in) {
       return sample_shape{.channels = 1, .height = 1, .width = out};
@@ -99,19 +119,24 @@ struct linear {
   }
 
   // Per sample and row: a multiply and an add per weight forward; dx and dW each as much
-  // backward; a fused ReLU one compare per output each way.
+  // backward; a fused ReLU one compare per output each way, a fused dropout one multiply.
   layer_cost cost(const sample_shape& input) const {
     const auto r = static_cast<double>(rows_of(input));
     const auto weights = static_cast<double>(in) * static_cast<double>(out);
     const double relu = activation == fused_activation::relu ? static_cast<double>(out) * r : 0.0;
-    return {.forward_flops = 2.0 * weights * r + relu,
-            .backward_flops = 4.0 * weights * r + relu,
+    const double drop = dropout > 0.0 ? static_cast<double>(out) * r : 0.0;
+    return {.forward_flops = 2.0 * weights * r + relu + drop,
+            .backward_flops = 4.0 * weights * r + relu + drop,
             .activation_bytes = rows_of(input) * out * sizeof(float)};
   }
 
-  // With a fused ReLU, the masked output gradient backward forms (batch x rows x out floats).
+  // With a fused ReLU, the masked output gradient backward forms (batch x rows x out floats);
+  // with a fused dropout one more, the scale forward applied.
   std::size_t workspace_elements(const sample_shape& input, std::size_t batch) const {
-    return activation == fused_activation::relu ? batch * rows_of(input) * out : 0;
+    if (activation != fused_activation::relu) {
+      return 0;
+    }
+    return batch * rows_of(input) * out + (dropout > 0.0 ? 1 : 0);
   }
 
   // The rows a sample of shape `input` is mapped as: channels x height for rows of width `in`,
@@ -140,6 +165,21 @@ struct linear {
            args.params.data(), in, 0.0f, args.output.data(), out);
       apply_gemm_epilogue(relu ? gemm_epilogue::relu : gemm_epilogue::none, n, out,
                           args.output.data(), out);
+    }
+    if (dropout > 0.0) {
+      assert(args.workspace.size() == n * out + 1 &&
+             "linear: workspace must hold batch x out floats and the dropout scale");
+      float scale = 1.0f;
+      if (args.training) {
+        const std::uint32_t threshold = detail::dropout_threshold(dropout);
+        scale = detail::dropout_keep_scale(threshold);
+        const std::size_t per_sample = n / args.batch * out;
+        for (std::size_t b = 0; b < args.batch; ++b) {
+          detail::dropout_sample_in_place(args.rng_for(b), args.output.data() + b * per_sample,
+                                          per_sample, threshold, scale);
+        }
+      }
+      args.workspace[n * out] = scale;
     }
   }
 
@@ -175,10 +215,16 @@ struct linear {
       return args.grad_output;
     }
     const std::size_t n = args.batch * rows_of(args.in_shape) * out;
-    assert(args.output.size() == n && args.grad_output.size() == n && args.workspace.size() == n &&
+    assert(args.output.size() == n && args.grad_output.size() == n &&
+           args.workspace.size() == n + (dropout > 0.0 ? 1 : 0) &&
            "linear: output, grad_output and workspace must hold batch x out floats");
-    detail::keep_where_positive(args.output.data(), args.grad_output.data(), args.workspace.data(),
-                                n);
+    if (dropout > 0.0) {  // kept and positive: the output is positive; times forward's scale
+      detail::keep_where_positive_scaled(args.output.data(), args.grad_output.data(),
+                                         args.workspace[n], args.workspace.data(), n);
+    } else {
+      detail::keep_where_positive(args.output.data(), args.grad_output.data(),
+                                  args.workspace.data(), n);
+    }
     return {args.workspace.data(), n};
   }
 
@@ -254,7 +300,8 @@ struct linear {
 inline std::string to_string(const linear& l) {
   return "linear{.in = " + std::to_string(l.in) + ", .out = " + std::to_string(l.out) +
          ", .bias = " + (l.bias ? "true" : "false") +
-         (l.activation == fused_activation::relu ? ", .activation = relu" : "") + "}";
+         (l.activation == fused_activation::relu ? ", .activation = relu" : "") +
+         (l.dropout != 0.0 ? ", .dropout = " + detail::dropout_number(l.dropout) : "") + "}";
 }
 
 static_assert(check_layer<linear>());

@@ -128,6 +128,14 @@ TEST_CASE("linear: backward matches central differences") {
         {.batch = 3, .in_shape = vec(5), .seed = 12});
     CHECK_MESSAGE(no_bias.passed(), no_bias.report());
   }
+  SUBCASE("a fused ReLU and dropout, in training and evaluation") {
+    const sm::linear l{.in = 6, .out = 8, .activation = sm::fused_activation::relu, .dropout = 0.4};
+    const auto training = check_gradients(l, {.batch = 4, .in_shape = vec(6), .seed = 13});
+    CHECK_MESSAGE(training.passed(), training.report());
+    const auto evaluation =
+        check_gradients(l, {.batch = 4, .in_shape = vec(6), .seed = 13, .training = false});
+    CHECK_MESSAGE(evaluation.passed(), evaluation.report());
+  }
 }
 
 TEST_CASE("linear with a fused ReLU equals linear then relu, on every provider, split or whole") {
@@ -211,6 +219,107 @@ TEST_CASE("linear with a fused ReLU equals linear then relu, on every provider, 
         }
         same(grads, want_grads);
         same(dx, want_dx);
+      }
+    }
+  }
+}
+
+TEST_CASE("linear with a fused ReLU and dropout equals the fused ReLU then dropout, bit for bit") {
+  // The same draws (the layer's own stream, given to the dropout), every provider, rows of a
+  // token-like input too, whole and split backward, training and evaluation.
+  const std::size_t batch = 6;
+  const std::size_t in = 19;
+  const std::size_t out = 70;  // a block of 64 and a rest per row
+  const sm::layer_rng_key key{.seed = 5, .step = 9, .layer = 3};
+  const std::vector<std::uint64_t> ids = {40, 41, 7, 1000, 3, 12};
+  for (const sample_shape in_shape :
+       {vec(in), sample_shape{.channels = 1, .height = 3, .width = in}}) {
+    const sample_shape out_shape{
+        .channels = in_shape.channels,
+        .height = in_shape.width == in && in_shape.elements() != in ? in_shape.height : 1,
+        .width = out};
+    const std::size_t n = batch * out_shape.elements();
+    const sm::linear relu_only{.in = in, .out = out, .activation = sm::fused_activation::relu};
+    const sm::linear fused{
+        .in = in, .out = out, .activation = sm::fused_activation::relu, .dropout = 0.3};
+    REQUIRE(fused.output_shape(in_shape) == out_shape);
+    const auto x = random_values(batch * in_shape.elements(), 31);
+    const auto params = random_values(out * in + out, 32);
+    const auto dz = random_values(n, 33);
+    for (const sm::gemm_provider p : sm::available_gemm_providers()) {
+      for (const bool training : {true, false}) {
+        CAPTURE(sm::to_string(p));
+        CAPTURE(strata::to_string(in_shape));
+        CAPTURE(training);
+        const sm::gemm_scope use(p);
+        const auto y = run_forward(relu_only, in_shape, batch, x, params, training, key, ids);
+        const auto d = run_forward(sm::dropout{.rate = 0.3}, out_shape, batch, y.output, {},
+                                   training, key, ids);
+        const auto f = run_forward(fused, in_shape, batch, x, params, training, key, ids);
+        REQUIRE(f.workspace.size() == n + 1);
+        CHECK(f.output == d.output);
+        // t = round(0.3 x 65536) = 19661: the kept elements' scale 65536 / 45875; 1 in evaluation.
+        CHECK(f.workspace[n] == (training ? static_cast<float>(65536.0 / 45875.0) : 1.0f));
+        std::size_t dropped = 0;
+        for (std::size_t i = 0; i < n; ++i) {
+          dropped += y.output[i] > 0.0f && f.output[i] == 0.0f ? 1 : 0;
+        }
+        if (training) {  // about 30% of the positive outputs
+          CHECK(dropped > n / 10);
+          CHECK(dropped < n / 4);
+        } else {
+          CHECK(dropped == 0);
+        }
+        // Backward of the pair: dropout's, then the fused ReLU's.
+        std::vector<float> dy(n);
+        sm::dropout{.rate = 0.3}.backward(
+            {.batch = batch,
+             .in_shape = out_shape,
+             .out_shape = out_shape,
+             .input = y.output,
+             .output = d.output,
+             .grad_output = dz,
+             .grad_input = dy,
+             .workspace = std::span<float>(const_cast<float*>(d.workspace.data()), n)});
+        std::vector<float> relu_work(n);
+        std::vector<float> want_grads(params.size(), 0.0f);
+        std::vector<float> want_dx(x.size());
+        relu_only.backward({.batch = batch,
+                            .in_shape = in_shape,
+                            .out_shape = out_shape,
+                            .input = x,
+                            .output = y.output,
+                            .grad_output = dy,
+                            .grad_input = want_dx,
+                            .params = params,
+                            .grads = want_grads,
+                            .workspace = relu_work});
+        for (const bool split : {false, true}) {
+          CAPTURE(split);
+          std::vector<float> work = f.workspace;
+          std::vector<float> grads(params.size(), 0.0f);
+          std::vector<float> dx(x.size(), std::numeric_limits<float>::quiet_NaN());
+          const sm::backward_args args{.batch = batch,
+                                       .in_shape = in_shape,
+                                       .out_shape = out_shape,
+                                       .input = x,
+                                       .output = f.output,
+                                       .grad_output = dz,
+                                       .grad_input = dx,
+                                       .params = params,
+                                       .grads = grads,
+                                       .workspace = work};
+          if (split) {
+            fused.backward_input(args);
+            std::fill(work.begin(), work.begin() + static_cast<std::ptrdiff_t>(n),
+                      std::numeric_limits<float>::quiet_NaN());
+            fused.backward_weight(args);
+          } else {
+            fused.backward(args);
+          }
+          CHECK(grads == want_grads);
+          CHECK(dx == want_dx);
+        }
       }
     }
   }
@@ -539,6 +648,13 @@ TEST_CASE("linear: parameters, shapes, printing") {
   CHECK(fused.parameters(vec(784)) == specs);
   CHECK(sm::layer_traits<sm::linear>::workspace_elements(l, vec(784), 5) == 0);
   CHECK(sm::layer_traits<sm::linear>::workspace_elements(fused, vec(784), 5) == 50);
+  const sm::linear dropped{
+      .in = 784, .out = 10, .activation = sm::fused_activation::relu, .dropout = 0.1};
+  CHECK(to_string(dropped) ==
+        "linear{.in = 784, .out = 10, .bias = true, .activation = relu, .dropout = 0.1}");
+  CHECK_FALSE(dropped == fused);
+  CHECK(dropped.parameters(vec(784)) == specs);
+  CHECK(sm::layer_traits<sm::linear>::workspace_elements(dropped, vec(784), 5) == 51);
 }
 
 TEST_CASE("linear: output_shape names the numbers it rejects") {
@@ -551,6 +667,19 @@ TEST_CASE("linear: output_shape names the numbers it rejects") {
   CHECK(contains(error_of(sm::linear{.in = 0, .out = 5}, vec(1)), "linear: in must be at least 1"));
   CHECK(
       contains(error_of(sm::linear{.in = 3, .out = 0}, vec(3)), "linear: out must be at least 1"));
+  const std::string no_relu = error_of(sm::linear{.in = 3, .out = 2, .dropout = 0.5}, vec(3));
+  CHECK(contains(no_relu, "linear: .dropout = 0.5 needs .activation = fused_activation::relu"));
+  CHECK(contains(no_relu, "put a dropout layer after the linear"));
+  constexpr auto relu = sm::fused_activation::relu;
+  for (const double rate : {1.0, -0.25, std::numeric_limits<double>::quiet_NaN()}) {
+    CAPTURE(rate);
+    CHECK(contains(
+        error_of(sm::linear{.in = 3, .out = 2, .activation = relu, .dropout = rate}, vec(3)),
+        "linear: dropout must be in [0, 1), got "));
+  }
+  CHECK(
+      contains(error_of(sm::linear{.in = 3, .out = 2, .activation = relu, .dropout = 1.0}, vec(3)),
+               "got 1"));
 }
 
 // ---- activations, flatten -----------------------------------------------------------------------
@@ -807,6 +936,11 @@ TEST_CASE("layer costs per sample") {
   CHECK(sm::layer_traits<sm::linear>::cost(
             sm::linear{.in = 10, .out = 4, .activation = sm::fused_activation::relu}, vec(10)) ==
         layer_cost{.forward_flops = 84.0, .backward_flops = 164.0, .activation_bytes = 16});
+  CHECK(
+      sm::layer_traits<sm::linear>::cost(
+          sm::linear{.in = 10, .out = 4, .activation = sm::fused_activation::relu, .dropout = 0.5},
+          vec(10)) ==
+      layer_cost{.forward_flops = 88.0, .backward_flops = 168.0, .activation_bytes = 16});
   const sample_shape image{.channels = 2, .height = 3, .width = 5};
   CHECK(sm::relu{}.cost(image) ==
         layer_cost{.forward_flops = 30.0, .backward_flops = 30.0, .activation_bytes = 120});

@@ -195,7 +195,9 @@ TEST_CASE("activation checkpointing keeps segment ends only and gives the same g
   CHECK(w3.activation_floats() < plain.activation_floats() * 7 / 10);
 }
 
-TEST_CASE("linear's fused ReLU in a model: as linear, relu; recomputation gives the same bits") {
+TEST_CASE(
+    "linear's fused ReLU and dropout in a model: as the layers; recomputation gives the same "
+    "bits") {
   constexpr auto relu = sm::fused_activation::relu;
   const strata::sample_shape in{.channels = 1, .height = 1, .width = 24};
   const auto separate = sm::sequential(
@@ -251,6 +253,52 @@ TEST_CASE("linear's fused ReLU in a model: as linear, relu; recomputation gives 
       const auto out = fused.forward(w, params, input, batch, options);
       CHECK(std::vector<float>(out.begin(), out.end()) == logits);
       fused.backward(w, params, grad_out);
+      CHECK(std::vector<float>(params.grads().begin(), params.grads().end()) == grads);
+    }
+  }
+  // The dropouts fused too (linear's .dropout): in evaluation as the separate layers, with
+  // fewer activations (no dropout outputs or masks); in training its recomputation gives its
+  // own bits.
+  const auto fused_dropout =
+      sm::sequential(in, sm::linear{.in = 24, .out = 32, .activation = relu, .dropout = 0.2},
+                     sm::linear{.in = 32, .out = 32, .activation = relu, .dropout = 0.2},
+                     sm::linear{.in = 32, .out = 32, .bias = false, .activation = relu},
+                     sm::linear{.in = 32, .out = 5});
+  for (const bool training : {false, true}) {
+    CAPTURE(training);
+    const sm::run_options options{.training = training, .seed = 3, .step = 9, .sample_ids = {}};
+    auto a = separate.make_params();
+    a.initialize(5);
+    auto c = fused_dropout.make_params();
+    c.initialize(5);
+    REQUIRE(std::vector<float>(a.values().begin(), a.values().end()) ==
+            std::vector<float>(c.values().begin(), c.values().end()));
+    auto wa = separate.make_workspace(batch);
+    auto wc = fused_dropout.make_workspace(batch);
+    CHECK(wc.activation_floats() < wa.activation_floats());
+    const auto ya = separate.forward(wa, a, input, batch, options);
+    const auto yc = fused_dropout.forward(wc, c, input, batch, options);
+    c.zero_grads();
+    fused_dropout.backward(wc, c, grad_out);
+    if (!training) {
+      for (std::size_t i = 0; i < ya.size(); ++i) {
+        CHECK(yc[i] == doctest::Approx(ya[i]).epsilon(1e-6));
+      }
+      separate.backward(wa, a, grad_out);
+      for (std::size_t i = 0; i < a.grads().size(); ++i) {
+        CHECK(c.grads()[i] == doctest::Approx(a.grads()[i]).epsilon(1e-5));
+      }
+    }
+    const std::vector<float> logits(yc.begin(), yc.end());
+    const std::vector<float> grads(c.grads().begin(), c.grads().end());
+    for (std::size_t k : {1u, 2u, 3u}) {
+      CAPTURE(k);
+      auto params = fused_dropout.make_params();
+      params.initialize(5);
+      auto w = fused_dropout.make_workspace(batch, {.checkpoint_every = k});
+      const auto out = fused_dropout.forward(w, params, input, batch, options);
+      CHECK(std::vector<float>(out.begin(), out.end()) == logits);
+      fused_dropout.backward(w, params, grad_out);
       CHECK(std::vector<float>(params.grads().begin(), params.grads().end()) == grads);
     }
   }
