@@ -12,9 +12,11 @@
 //   - limit_fp32: the step's GEMMs alone (forward, weight and input gradients at the model's
 //     shapes) on the fastest provider, as samples/s: what no float32 trainer on these kernels
 //     passes. Measured before and after each of the trainer's runs (the best of 8 rounds each
-//     time; the row gives the median); the trainer's share of it is taken run by run against
-//     the two limits around that run, so that a shared machine's drift hits both alike (the
-//     note gives the median share and the range over the runs). limit_bf16: the same
+//     time; the row gives the median). The trainer's share of it is taken step by step, in one
+//     more trainer run per repeat with one round of the products after each step, each step's
+//     time against the rounds around it (the note and the JSON give the median and quartiles),
+//     and run by run, each run's rate against the limits measured around it; both so that a
+//     shared machine's drift hits the two sides of each ratio alike. limit_bf16: the same
 //     products in bfloat16 on oneDNN, where the CPU has bfloat16 units (AVX512-BF16 or
 //     AMX-BF16), whether or not the trainer uses them (model::bf16_products); elsewhere the row
 //     says why not.
@@ -151,8 +153,80 @@ double rate_of(const std::vector<clock_type::time_point>& ends, const options& o
   return static_cast<double>(o.steps * o.batch) / seconds;
 }
 
+// One step's products of the MLP at `batch` on provider p: forward x W^T + b (with the hidden
+// layers' ReLU as the product's epilogue), weight gradients dy^T x (written: the step's first
+// backward) and input gradients dy W (none for the first layer, whose input needs none), as the
+// reference linear layer calls them. The buffers are made once: round() times one round (as
+// between two of the trainer's steps), best() the best of several.
+class step_products {
+ public:
+  step_products(sm::gemm_provider p, std::size_t batch, bool bf16 = false)
+      : provider_(p), batch_(batch), bf16_(bf16) {}
+
+  // Seconds of one round of the step's products.
+  double round() {
+    struct layer_shape {
+      std::size_t in;
+      std::size_t out;
+      bool input_grad;
+      sm::gemm_epilogue epilogue;
+    };
+    const layer_shape layers[] = {{784, 1024, false, sm::gemm_epilogue::relu},
+                                  {1024, 1024, true, sm::gemm_epilogue::relu},
+                                  {1024, 10, true, sm::gemm_epilogue::none}};
+    const auto start = clock_type::now();
+    for (const layer_shape& l : layers) {
+      sm::gemm_bias_on(provider_, {.transpose_b = true, .bfloat16_inputs = bf16_}, batch_, l.out,
+                       l.in, x_.data(), l.in, w_.data(), l.in, bias_.data(), y_.data(), l.out,
+                       l.epilogue);
+      sm::gemm_on(provider_, {.transpose_a = true, .bfloat16_inputs = bf16_}, l.out, l.in, batch_,
+                  1.0f, y_.data(), l.out, x_.data(), l.in, 0.0f, dw_.data(), l.in);
+      if (l.input_grad) {
+        sm::gemm_on(provider_, {.bfloat16_inputs = bf16_}, batch_, l.in, l.out, 1.0f, y_.data(),
+                    l.out, w_.data(), l.in, 0.0f, x_.data(), l.in);
+      }
+    }
+    return std::chrono::duration<double>(clock_type::now() - start).count();
+  }
+
+  // The best of `rounds` rounds.
+  double best(int rounds) {
+    double best = 1e30;
+    for (int r = 0; r < rounds; ++r) {
+      best = std::min(best, round());
+    }
+    return best;
+  }
+
+  sm::gemm_provider provider() const noexcept { return provider_; }
+
+ private:
+  sm::gemm_provider provider_;
+  std::size_t batch_;
+  bool bf16_;
+  std::vector<float> x_ = std::vector<float>(batch_ * 1024, 0.5f);
+  std::vector<float> w_ = std::vector<float>(1024 * 1024, 0.25f);
+  std::vector<float> y_ = std::vector<float>(batch_ * 1024);
+  std::vector<float> dw_ = std::vector<float>(1024 * 1024);
+  std::vector<float> bias_ = std::vector<float>(1024, 0.125f);
+};
+
+double step_gemm_seconds(sm::gemm_provider p, std::size_t batch, bool bf16 = false) {
+  return step_products(p, batch, bf16).best(8);
+}
+
+// The trainer's steps and the limit's rounds one for one: after each step (on_step) one round
+// of the step's products. Step i's share of the limit is the mean of the rounds just before and
+// after it over the step's own time (from the end of the round before to its end), so that drift
+// on a shared machine, which moves within seconds, hits both sides of each ratio alike.
+struct interleaved {
+  step_products* limit = nullptr;
+  std::vector<double> shares;  // one per timed step
+};
+
 template <class... Policies>
-double run_trainer(const sd::idx_dataset& train, const options& o) {
+double run_trainer(const sd::idx_dataset& train, const options& o,
+                   interleaved* with_limit = nullptr) {
   const auto dir = std::filesystem::temp_directory_path() / "strata_bench_trainer";
   std::filesystem::remove_all(dir);
   auto cfg = run_config(o, dir);
@@ -161,9 +235,24 @@ double run_trainer(const sd::idx_dataset& train, const options& o) {
   }
   st::trainer<decltype(make_mlp()), Policies...> t(make_mlp(), cfg, {.print_progress = false});
   std::vector<clock_type::time_point> ends;
-  t.on_step([&](const st::step_metrics&) { ends.push_back(clock_type::now()); });
+  std::vector<clock_type::time_point> resumed;  // after each step's limit round
+  std::vector<double> rounds;
+  t.on_step([&](const st::step_metrics&) {
+    ends.push_back(clock_type::now());
+    if (with_limit != nullptr) {
+      rounds.push_back(with_limit->limit->round());
+      resumed.push_back(clock_type::now());
+    }
+  });
   t.fit(train, augmentation(), train, sd::fashion_mnist_normalize());
   std::filesystem::remove_all(dir);
+  if (with_limit != nullptr) {
+    for (std::size_t i = o.warmup; i < o.warmup + o.steps; ++i) {
+      const double step = std::chrono::duration<double>(ends[i] - resumed[i - 1]).count();
+      with_limit->shares.push_back(0.5 * (rounds[i - 1] + rounds[i]) / step);
+    }
+    return 0.0;
+  }
   return rate_of(ends, o);
 }
 
@@ -233,43 +322,6 @@ std::optional<nlohmann::json> run_torch(const options& o, int threads, bool bf16
   return bench::run_json(command);  // the script prints one JSON line
 }
 
-// Seconds of one step's products of the MLP at `batch` on provider p, the best of a few rounds:
-// forward x W^T + b (with the hidden layers' ReLU as the product's epilogue), weight gradients
-// dy^T x (written: the step's first backward) and input gradients dy W (none for the first
-// layer, whose input needs none), as the reference linear layer calls them.
-double step_gemm_seconds(sm::gemm_provider p, std::size_t batch, bool bf16 = false) {
-  struct layer_shape {
-    std::size_t in;
-    std::size_t out;
-    bool input_grad;
-    sm::gemm_epilogue epilogue;
-  };
-  const layer_shape layers[] = {{784, 1024, false, sm::gemm_epilogue::relu},
-                                {1024, 1024, true, sm::gemm_epilogue::relu},
-                                {1024, 10, true, sm::gemm_epilogue::none}};
-  std::vector<float> x(batch * 1024, 0.5f);
-  std::vector<float> w(1024 * 1024, 0.25f);
-  std::vector<float> y(batch * 1024);
-  std::vector<float> dw(1024 * 1024);
-  std::vector<float> bias(1024, 0.125f);
-  double best = 1e30;
-  for (int round = 0; round < 8; ++round) {
-    const auto start = clock_type::now();
-    for (const layer_shape& l : layers) {
-      sm::gemm_bias_on(p, {.transpose_b = true, .bfloat16_inputs = bf16}, batch, l.out, l.in,
-                       x.data(), l.in, w.data(), l.in, bias.data(), y.data(), l.out, l.epilogue);
-      sm::gemm_on(p, {.transpose_a = true, .bfloat16_inputs = bf16}, l.out, l.in, batch, 1.0f,
-                  y.data(), l.out, x.data(), l.in, 0.0f, dw.data(), l.in);
-      if (l.input_grad) {
-        sm::gemm_on(p, {.bfloat16_inputs = bf16}, batch, l.in, l.out, 1.0f, y.data(), l.out,
-                    w.data(), l.in, 0.0f, x.data(), l.in);
-      }
-    }
-    best = std::min(best, std::chrono::duration<double>(clock_type::now() - start).count());
-  }
-  return best;
-}
-
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
@@ -336,6 +388,7 @@ int main(int argc, char** argv) {
     // The fp32 GEMM limit on the fastest provider, measured between the runs too.
     std::vector<double> limit_rates;
     std::string limit_provider;
+    sm::gemm_provider fastest = sm::current_gemm();
     const auto measure_limit = [&] {
       double best = 1e30;
       for (const sm::gemm_provider p : sm::available_gemm_providers()) {
@@ -343,6 +396,7 @@ int main(int argc, char** argv) {
         if (seconds < best) {
           best = seconds;
           limit_provider = sm::to_string(p);
+          fastest = p;
         }
       }
       limit_rates.push_back(static_cast<double>(o.batch) / best);
@@ -350,14 +404,20 @@ int main(int argc, char** argv) {
     };
     // The trainer's share of the limit, run by run: its rate over the mean of the limits
     // measured just before and just after it, so that the machine's speed drifting between
-    // runs (by a third on a shared host) moves both sides of each ratio alike.
+    // runs (by a third on a shared host) moves both sides of each ratio alike. And step by
+    // step: one more trainer run with a limit round after each step (interleaved), whose
+    // steps' shares are what the row reports (their median and quartiles).
     std::vector<double> shares;
+    interleaved steps;
     for (std::size_t r = 0; r < o.repeats; ++r) {
       loop_rates.push_back(run_loop(train, o));
       const double before = measure_limit();
       trainer_rates.push_back(run_trainer<>(train, o));
       const double after = measure_limit();
       shares.push_back(trainer_rates.back() / (0.5 * (before + after)));
+      step_products limit(fastest, o.batch);
+      steps.limit = &limit;
+      run_trainer<>(train, o, &steps);
       if (o.bf16) {
         bf16_rates.push_back(run_trainer<strata::precision::bf16>(train, o));
       }
@@ -379,12 +439,22 @@ int main(int argc, char** argv) {
       return b ? std::optional<double>(a / *b) : std::nullopt;
     };
     const double limit = median(limit_rates);
-    char share[96];
-    std::snprintf(share, sizeof share, "; %.1f%% of limit_fp32 (runs %.1f-%.1f%%)",
+    std::sort(steps.shares.begin(), steps.shares.end());
+    const auto quantile = [&](double q) {
+      return steps
+          .shares[static_cast<std::size_t>(q * static_cast<double>(steps.shares.size() - 1))];
+    };
+    char share[160];
+    std::snprintf(share, sizeof share,
+                  "; %.1f%% of limit_fp32 step by step (quartiles %.1f-%.1f%%), %.1f%% run by run "
+                  "(%.1f-%.1f%%)",
+                  100.0 * quantile(0.5), 100.0 * quantile(0.25), 100.0 * quantile(0.75),
                   100.0 * median(shares), 100.0 * *std::min_element(shares.begin(), shares.end()),
                   100.0 * *std::max_element(shares.begin(), shares.end()));
     row("strata_fp32", t, trainer_rate, versus(trainer_rate, torch_rate), provider + share);
-    rows.back()["share_of_limit_fp32"] = median(shares);
+    rows.back()["share_of_limit_fp32"] = quantile(0.5);
+    rows.back()["share_of_limit_fp32_quartiles"] = {quantile(0.25), quantile(0.75)};
+    rows.back()["share_of_limit_fp32_run_by_run"] = median(shares);
     char overhead[64];
     std::snprintf(overhead, sizeof overhead, "the trainer's overhead over it: %.1f%%",
                   100.0 * (loop_rate / trainer_rate - 1.0));

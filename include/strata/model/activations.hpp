@@ -76,6 +76,13 @@ inline void keep_where_positive_scaled(const float* keep, const float* v, float 
   }
 }
 
+// sums[i] += row[i] for i < n (the two do not overlap).
+inline void add_row(const float* __restrict row, float* __restrict sums, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) {
+    sums[i] += row[i];
+  }
+}
+
 // The tanh approximation of GELU and its derivative, over spans. tanh is Eigen's vectorised one
 // (a rational approximation, under Eigen's default EIGEN_FAST_MATH; GELU within 2e-6 of the
 // formula through std::tanh in double, its derivative within 1e-5, tested): libm's scalar tanhf

@@ -184,14 +184,17 @@ struct linear {
   }
 
   void backward(const backward_args& args) const {
-    const std::span<const float> dy = output_gradient(args);
-    weight_gradient(args, dy);
+    float* sums = bias_sums();
+    const std::span<const float> dy = output_gradient(args, sums);
+    weight_gradient(args, dy, sums);
     input_gradient(args, dy);
   }
 
   // The weight and bias gradients of backward.
   void backward_weight(const backward_args& args) const {
-    weight_gradient(args, output_gradient(args));
+    float* sums = bias_sums();
+    const std::span<const float> dy = output_gradient(args, sums);
+    weight_gradient(args, dy, sums);
   }
 
   // The input gradient of backward: dx = dy W (nothing when args.grad_input is empty).
@@ -199,7 +202,7 @@ struct linear {
     if (args.grad_input.empty()) {
       return;
     }
-    input_gradient(args, output_gradient(args));
+    input_gradient(args, output_gradient(args, nullptr));
   }
 
   // The fewest rows of the weight gradient computed at once when asked for parts.
@@ -208,27 +211,55 @@ struct linear {
   friend bool operator==(const linear&, const linear&) = default;
 
  private:
+  // Where the bias gradient's column sums of the masked output gradient are formed in the same
+  // pass (a fused ReLU with a bias: `out` floats per thread), else null.
+  float* bias_sums() const {
+    if (activation != fused_activation::relu || !bias) {
+      return nullptr;
+    }
+    thread_local std::vector<float> sums;
+    sums.resize(out);
+    return sums.data();
+  }
+
   // The gradient of the product's output: args.grad_output, or with a fused ReLU that gradient
-  // where the output is positive (else 0), formed in the workspace.
-  std::span<const float> output_gradient(const backward_args& args) const {
+  // where the output is positive (else 0; with a fused dropout times the scale forward applied),
+  // formed in the workspace row by row. With `sums` (out floats), each column's sum over the
+  // rows is written there too, added row after row while the row is in cache (the bias
+  // gradient, in batch order).
+  std::span<const float> output_gradient(const backward_args& args, float* sums) const {
     if (activation != fused_activation::relu) {
       return args.grad_output;
     }
-    const std::size_t n = args.batch * rows_of(args.in_shape) * out;
+    const std::size_t rows = args.batch * rows_of(args.in_shape);
+    const std::size_t n = rows * out;
     assert(args.output.size() == n && args.grad_output.size() == n &&
            args.workspace.size() == n + (dropout > 0.0 ? 1 : 0) &&
            "linear: output, grad_output and workspace must hold batch x out floats");
-    if (dropout > 0.0) {  // kept and positive: the output is positive; times forward's scale
-      detail::keep_where_positive_scaled(args.output.data(), args.grad_output.data(),
-                                         args.workspace[n], args.workspace.data(), n);
-    } else {
-      detail::keep_where_positive(args.output.data(), args.grad_output.data(),
-                                  args.workspace.data(), n);
+    const float scale = dropout > 0.0 ? args.workspace[n] : 1.0f;
+    if (sums != nullptr) {
+      std::fill(sums, sums + out, 0.0f);
+    }
+    for (std::size_t r = 0; r < rows; ++r) {
+      const float* keep = args.output.data() + r * out;
+      const float* g = args.grad_output.data() + r * out;
+      float* masked = args.workspace.data() + r * out;
+      if (dropout > 0.0) {  // kept and positive: the output is positive; times forward's scale
+        detail::keep_where_positive_scaled(keep, g, scale, masked, out);
+      } else {
+        detail::keep_where_positive(keep, g, masked, out);
+      }
+      if (sums != nullptr) {
+        detail::add_row(masked, sums, out);
+      }
     }
     return {args.workspace.data(), n};
   }
 
-  void weight_gradient(const backward_args& args, std::span<const float> grad_output) const {
+  // `column_sums`: the bias gradient's sums when output_gradient formed them, else null (then
+  // they are summed here).
+  void weight_gradient(const backward_args& args, std::span<const float> grad_output,
+                       const float* column_sums) const {
     const std::size_t n = args.batch * rows_of(args.in_shape);
     assert(args.input.size() == n * in && "linear: input must hold batch x in floats");
     assert(grad_output.size() == n * out && "linear: grad_output must hold batch x out floats");
@@ -264,12 +295,21 @@ struct linear {
            dw_beta, dw, in);
     }
     if (bias) {
-      const const_matrix dy_rows(dy, rows(n), cols(out));
       row db(args.grads.data() + out * in, cols(out));
-      if (args.write_grads) {
-        db = dy_rows.colwise().sum();
+      if (column_sums != nullptr) {
+        const Eigen::Map<const Eigen::RowVectorXf> sums(column_sums, cols(out));
+        if (args.write_grads) {
+          db = sums;
+        } else {
+          db += sums;
+        }
       } else {
-        db += dy_rows.colwise().sum();
+        const const_matrix dy_rows(dy, rows(n), cols(out));
+        if (args.write_grads) {
+          db = dy_rows.colwise().sum();
+        } else {
+          db += dy_rows.colwise().sum();
+        }
       }
     }
   }
