@@ -151,7 +151,7 @@ inline void philox4x32_round10_blocks_portable(std::uint32_t first, std::uint32_
 }
 
 #if STRATA_RNG_AVX512
-// GCC 12 warns inside its own AVX-512 intrinsics (their undefined-value placeholder reads as
+// GCC 12 warns inside its own AVX-512 intrinsics (the undefined value they start from reads as
 // uninitialized once inlined); the code here initializes every value it uses.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuninitialized"
