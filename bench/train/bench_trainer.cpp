@@ -224,6 +224,8 @@ struct interleaved {
   std::vector<double> shares;  // one per timed step
 };
 
+// The run's samples/s; with `with_limit`, its steps' shares instead (the rate of a run slowed by
+// the rounds between its steps means nothing: returns 0).
 template <class... Policies>
 double run_trainer(const sd::idx_dataset& train, const options& o,
                    interleaved* with_limit = nullptr) {

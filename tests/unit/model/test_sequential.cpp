@@ -209,99 +209,64 @@ TEST_CASE(
       sm::linear{.in = 32, .out = 32, .activation = relu}, sm::dropout{.rate = 0.2},
       sm::linear{.in = 32, .out = 32, .bias = false, .activation = relu},
       sm::linear{.in = 32, .out = 5});
-  const std::size_t batch = 6;
-  const auto input = random_floats(batch * 24, 17);
-  const auto grad_out = random_floats(batch * 5, 18);
-  // The dropouts sit at other layer indices in the two models (so draw other masks in
-  // training): the models are compared in evaluation, where dropout is the identity, and the
-  // fused one with its own recomputation in both.
-  for (const bool training : {false, true}) {
-    CAPTURE(training);
-    const sm::run_options options{.training = training, .seed = 3, .step = 9, .sample_ids = {}};
-    auto a = separate.make_params();
-    a.initialize(5);
-    auto b = fused.make_params();
-    b.initialize(5);
-    REQUIRE(std::vector<float>(a.values().begin(), a.values().end()) ==
-            std::vector<float>(b.values().begin(), b.values().end()));
-    auto wa = separate.make_workspace(batch);
-    auto wb = fused.make_workspace(batch);
-    const auto ya = separate.forward(wa, a, input, batch, options);
-    const auto yb = fused.forward(wb, b, input, batch, options);
-    if (!training) {
-      for (std::size_t i = 0; i < ya.size(); ++i) {
-        CHECK(yb[i] == doctest::Approx(ya[i]).epsilon(1e-6));
-      }
-      separate.backward(wa, a, grad_out);
-      fused.backward(wb, b, grad_out);
-      for (std::size_t i = 0; i < a.grads().size(); ++i) {
-        CHECK(b.grads()[i] == doctest::Approx(a.grads()[i]).epsilon(1e-5));
-      }
-      // The fused linear's workspace (the masked gradient) takes what relu's output took.
-      CHECK(wb.activation_floats() == wa.activation_floats());
-    }
-    // Recomputing the fused model's segments gives its own bits.
-    const std::vector<float> logits(yb.begin(), yb.end());
-    b.zero_grads();
-    fused.backward(wb, b, grad_out);
-    const std::vector<float> grads(b.grads().begin(), b.grads().end());
-    for (std::size_t k : {1u, 2u, 3u}) {
-      CAPTURE(k);
-      auto params = fused.make_params();
-      params.initialize(5);
-      auto w = fused.make_workspace(batch, {.checkpoint_every = k});
-      const auto out = fused.forward(w, params, input, batch, options);
-      CHECK(std::vector<float>(out.begin(), out.end()) == logits);
-      fused.backward(w, params, grad_out);
-      CHECK(std::vector<float>(params.grads().begin(), params.grads().end()) == grads);
-    }
-  }
-  // The dropouts fused too (linear's .dropout): in evaluation as the separate layers, with
-  // fewer activations (no dropout outputs or masks); in training its recomputation gives its
-  // own bits.
+  // The dropouts fused too (linear's .dropout).
   const auto fused_dropout =
       sm::sequential(in, sm::linear{.in = 24, .out = 32, .activation = relu, .dropout = 0.2},
                      sm::linear{.in = 32, .out = 32, .activation = relu, .dropout = 0.2},
                      sm::linear{.in = 32, .out = 32, .bias = false, .activation = relu},
                      sm::linear{.in = 32, .out = 5});
-  for (const bool training : {false, true}) {
-    CAPTURE(training);
-    const sm::run_options options{.training = training, .seed = 3, .step = 9, .sample_ids = {}};
-    auto a = separate.make_params();
-    a.initialize(5);
-    auto c = fused_dropout.make_params();
-    c.initialize(5);
-    REQUIRE(std::vector<float>(a.values().begin(), a.values().end()) ==
-            std::vector<float>(c.values().begin(), c.values().end()));
-    auto wa = separate.make_workspace(batch);
-    auto wc = fused_dropout.make_workspace(batch);
-    CHECK(wc.activation_floats() < wa.activation_floats());
-    const auto ya = separate.forward(wa, a, input, batch, options);
-    const auto yc = fused_dropout.forward(wc, c, input, batch, options);
-    c.zero_grads();
-    fused_dropout.backward(wc, c, grad_out);
-    if (!training) {
-      for (std::size_t i = 0; i < ya.size(); ++i) {
-        CHECK(yc[i] == doctest::Approx(ya[i]).epsilon(1e-6));
+  const std::size_t batch = 6;
+  const auto input = random_floats(batch * 24, 17);
+  const auto grad_out = random_floats(batch * 5, 18);
+  // A fused model against the separate layers. Its dropouts sit at other layer indices (so
+  // draw other masks in training): the two are compared in evaluation, where dropout is the
+  // identity, and the fused one with its own recomputation in both. `activations` compares the
+  // two workspaces' activation floats (fused, separate).
+  const auto check_fused = [&](const auto& fused_model, auto activations) {
+    for (const bool training : {false, true}) {
+      CAPTURE(training);
+      const sm::run_options options{.training = training, .seed = 3, .step = 9, .sample_ids = {}};
+      auto a = separate.make_params();
+      a.initialize(5);
+      auto b = fused_model.make_params();
+      b.initialize(5);
+      REQUIRE(std::vector<float>(a.values().begin(), a.values().end()) ==
+              std::vector<float>(b.values().begin(), b.values().end()));
+      auto wa = separate.make_workspace(batch);
+      auto wb = fused_model.make_workspace(batch);
+      activations(wb.activation_floats(), wa.activation_floats());
+      const auto ya = separate.forward(wa, a, input, batch, options);
+      const auto yb = fused_model.forward(wb, b, input, batch, options);
+      b.zero_grads();
+      fused_model.backward(wb, b, grad_out);
+      if (!training) {
+        for (std::size_t i = 0; i < ya.size(); ++i) {
+          CHECK(yb[i] == doctest::Approx(ya[i]).epsilon(1e-6));
+        }
+        separate.backward(wa, a, grad_out);
+        for (std::size_t i = 0; i < a.grads().size(); ++i) {
+          CHECK(b.grads()[i] == doctest::Approx(a.grads()[i]).epsilon(1e-5));
+        }
       }
-      separate.backward(wa, a, grad_out);
-      for (std::size_t i = 0; i < a.grads().size(); ++i) {
-        CHECK(c.grads()[i] == doctest::Approx(a.grads()[i]).epsilon(1e-5));
+      // Recomputing the fused model's segments gives its own bits.
+      const std::vector<float> logits(yb.begin(), yb.end());
+      const std::vector<float> grads(b.grads().begin(), b.grads().end());
+      for (std::size_t k : {1u, 2u, 3u}) {
+        CAPTURE(k);
+        auto params = fused_model.make_params();
+        params.initialize(5);
+        auto w = fused_model.make_workspace(batch, {.checkpoint_every = k});
+        const auto out = fused_model.forward(w, params, input, batch, options);
+        CHECK(std::vector<float>(out.begin(), out.end()) == logits);
+        fused_model.backward(w, params, grad_out);
+        CHECK(std::vector<float>(params.grads().begin(), params.grads().end()) == grads);
       }
     }
-    const std::vector<float> logits(yc.begin(), yc.end());
-    const std::vector<float> grads(c.grads().begin(), c.grads().end());
-    for (std::size_t k : {1u, 2u, 3u}) {
-      CAPTURE(k);
-      auto params = fused_dropout.make_params();
-      params.initialize(5);
-      auto w = fused_dropout.make_workspace(batch, {.checkpoint_every = k});
-      const auto out = fused_dropout.forward(w, params, input, batch, options);
-      CHECK(std::vector<float>(out.begin(), out.end()) == logits);
-      fused_dropout.backward(w, params, grad_out);
-      CHECK(std::vector<float>(params.grads().begin(), params.grads().end()) == grads);
-    }
-  }
+  };
+  // The fused linear's workspace (the masked gradient) takes what relu's output took.
+  check_fused(fused, [](std::size_t f, std::size_t s) { CHECK(f == s); });
+  // With the dropouts fused, no dropout outputs or masks are kept.
+  check_fused(fused_dropout, [](std::size_t f, std::size_t s) { CHECK(f < s); });
 }
 
 TEST_CASE("discarded gradients: backward writes them, whatever the memory held") {
