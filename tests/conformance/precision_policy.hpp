@@ -149,6 +149,43 @@ precision_report check_precision_policy_semantics(const config::train_config& cf
     rep.expect(!P::skips_steps || !p.finite(bad), who + ": finite() did not see a NaN");
     rep.expect(!P::skips_steps || !p.to_master(bad, 1.0), who + ": to_master() did not see a NaN");
   }
+  // A policy that takes the trainer's facts (requirement 6's fifth argument): told the gradients
+  // are finite, it applies them as without the facts and still votes once; told nothing, it
+  // still finds its own inf.
+  if constexpr (precision::takes_gradient_facts<P, precision::vote_archetype>) {
+    const auto told = [&](bool certainly_finite, bool poison) {
+      model::param_store& compute = p.compute(master);
+      std::span<float> cg = compute.grads();
+      const auto scale = static_cast<float>(p.loss_scale());
+      for (std::size_t i = 0; i < n; ++i) {
+        cg[i] = g[i] * scale;
+      }
+      p.store(cg);
+      if (poison) {
+        cg[n / 3] = std::numeric_limits<float>::infinity();
+      }
+      decision d;
+      d.applied = p.finish(
+          7, std::as_const(compute).grads(), master.grads(),
+          [&](bool mine) {
+            ++d.votes;
+            d.reported_nonfinite = mine;
+            return mine;
+          },
+          precision::gradient_facts{.certainly_finite = certainly_finite});
+      return d;
+    };
+    const decision sure = told(true, false);
+    rep.expect(sure.applied && !sure.reported_nonfinite,
+               who +
+                   ": told its finite gradients were finite, it skipped the step or reported "
+                   "them non-finite");
+    rep.expect(!P::skips_steps || sure.votes == 1,
+               who + ": told the gradients were finite, it did not vote exactly once");
+    const decision unsure = told(false, true);
+    rep.expect(!P::skips_steps || (unsure.reported_nonfinite && !unsure.applied),
+               who + ": told nothing of its gradients, it missed its own inf");
+  }
   {
     std::vector<float> scaled(n);
     for (std::size_t i = 0; i < n; ++i) {

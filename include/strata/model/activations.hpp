@@ -15,6 +15,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <stdexcept>
 #include <string>
 
@@ -81,6 +82,37 @@ inline void add_row(const float* __restrict row, float* __restrict sums, std::si
   for (std::size_t i = 0; i < n; ++i) {
     sums[i] += row[i];
   }
+}
+
+// The largest |x[i]| over n floats, or +inf when one of them is not finite (inf or NaN): the
+// magnitude bits taken as unsigned integers order the non-negative floats, inf next, every NaN
+// above it. Branch-free; 0 for n = 0.
+inline float max_magnitude(const float* x, std::size_t n) noexcept {
+  constexpr std::size_t lanes = 16;
+  std::uint32_t most[lanes] = {};
+  const std::size_t whole = n - n % lanes;
+  for (std::size_t i = 0; i < whole; i += lanes) {
+    for (std::size_t j = 0; j < lanes; ++j) {
+      std::uint32_t bits = 0;
+      std::memcpy(&bits, x + i + j, sizeof bits);
+      most[j] = std::max(most[j], bits & 0x7fffffffU);
+    }
+  }
+  std::uint32_t all = 0;
+  for (std::size_t i = whole; i < n; ++i) {
+    std::uint32_t bits = 0;
+    std::memcpy(&bits, x + i, sizeof bits);
+    all = std::max(all, bits & 0x7fffffffU);
+  }
+  for (const std::uint32_t m : most) {
+    all = std::max(all, m);
+  }
+  if (all >= 0x7f800000U) {
+    return std::numeric_limits<float>::infinity();
+  }
+  float magnitude = 0.0f;
+  std::memcpy(&magnitude, &all, sizeof magnitude);
+  return magnitude;
 }
 
 // The tanh approximation of GELU and its derivative, over spans. tanh is Eigen's vectorised one

@@ -49,6 +49,13 @@
 //      keeps between them may depend on the place: `l.workspace_elements(in, batch, place)`
 //      taking a tensor_place is used where declared. Parameters with split none are held whole
 //      by every rank of the group, which compute them alike.
+
+//  11. bound its parameter gradients: where args.grad_bound is not null, store there a number
+//      B such that every element of args.grads after the call is within B of the magnitude
+//      bound it had before (a layer that adds products of finite, bounded factors knows one
+//      from the factors); infinity whenever anything it read was not finite. Left as it is
+//      (infinity), nothing is known: the trainer then checks the gradients for NaN and inf
+//      itself (param_store::grad_bound, precision::fp32).
 //
 // Tier 2: a type that cannot be changed takes part by specializing enable_layer to true and
 // layer_traits to adapt it; containers reach every layer only through layer_traits.
@@ -362,6 +369,9 @@ struct backward_args {
   // contribution yet (any bits); WRITE every element instead of adding.
   bool write_grads = false;
   tensor_context tensor{};  // as forward_args::tensor
+  // Requirement 11 (may be null): where the layer says by how much its call could have moved
+  // any gradient's magnitude; the container sets it to infinity before the call.
+  double* grad_bound = nullptr;
 };
 
 // The primary traits forward to the members; the optional ones fall back to the defaults.

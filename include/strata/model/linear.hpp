@@ -37,7 +37,9 @@
 #include <Eigen/Core>
 #include <algorithm>
 #include <cassert>
+#include <cmath>
 #include <cstddef>
+#include <limits>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -269,11 +271,29 @@ struct linear {
       if (args.write_grads) {  // requirement 8: every element written, here the zero sum
         std::fill(args.grads.begin(), args.grads.end(), 0.0f);
       }
+      if (args.grad_bound != nullptr) {
+        *args.grad_bound = 0.0;
+      }
       return;
     }
     const bool bf16 = args.storage == dtype::bfloat16;
     const float* x = args.input.data();
     const float* dy = grad_output.data();
+    // Requirement 11, from the factors where they are fewer than the gradients (a batch smaller
+    // than the layer; read just before the product reads them again): each element of dW moves
+    // by a sum of n products x dy, each of the bias by a sum of n dy, so by at most
+    // n max|dy| max(max|x|, 1). Twice that covers the sums' rounding (at most 2^23 terms, each
+    // factor perhaps rounded to bfloat16 first). Else the gradients are read after the product.
+    const bool bound_from_factors = args.grad_bound != nullptr && n <= (std::size_t{1} << 23) &&
+                                    n * (in + out) < args.grads.size();
+    if (bound_from_factors) {
+      const double x_max = detail::max_magnitude(x, n * in);
+      const double dy_max = detail::max_magnitude(dy, n * out);
+      const double inf = std::numeric_limits<double>::infinity();
+      *args.grad_bound = std::isinf(x_max) || std::isinf(dy_max)
+                             ? inf
+                             : 2.0 * static_cast<double>(n) * dy_max * std::max(x_max, 1.0);
+    }
     float* dw = args.grads.data();
     // Adding into dW, or writing it (write_grads: the products overwrite what is there).
     const float dw_beta = args.write_grads ? 0.0f : 1.0f;
@@ -311,6 +331,9 @@ struct linear {
           db += dy_rows.colwise().sum();
         }
       }
+    }
+    if (args.grad_bound != nullptr && !bound_from_factors) {
+      *args.grad_bound = detail::max_magnitude(args.grads.data(), args.grads.size());
     }
   }
 

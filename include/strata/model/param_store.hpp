@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -25,6 +26,11 @@
 #include "strata/model/concepts.hpp"
 
 namespace strata::model {
+
+// The gradients' magnitude bound (param_store::grad_bound) below which they are all finite for
+// certain: float's largest is about 2^128, and what the bound leaves out (rounding in the sums
+// that formed the gradients, accumulation over micro-batches) is a factor far below 2^28.
+inline constexpr double certainly_finite_bound = 0x1p100;
 
 // One tensor's place in the store.
 struct param_entry {
@@ -143,6 +149,7 @@ class param_store {
   // one rank's, read by its own thread).
   std::span<float> grads() noexcept {
     materialize_grads();
+    grad_bound_ = unknown_bound;
     return grads_.span();
   }
   std::span<const float> grads() const noexcept {
@@ -157,6 +164,7 @@ class param_store {
   }
   std::span<float> group_grads(std::size_t g) {
     materialize_grads();
+    grad_bound_ = unknown_bound;
     return slice(grads_.span(), group_range(g));
   }
 
@@ -164,11 +172,29 @@ class param_store {
   // the gradient memory as it is, discarded or not. Whoever writes through it writes every
   // group's gradients before anything reads them (as sequential::backward does for layers that
   // declare writes_grads and zeroes for the others), then calls grads_written().
-  std::span<float> grads_to_write() noexcept { return grads_.span(); }
+  std::span<float> grads_to_write() noexcept {
+    grad_bound_ = unknown_bound;
+    return grads_.span();
+  }
   std::span<float> group_grads_to_write(std::size_t g) {
+    grad_bound_ = unknown_bound;
     return slice(grads_.span(), group_range(g));
   }
-  void grads_written() noexcept { grads_discarded_ = false; }
+  // `bound`: what the writer knows of them (grad_bound); by default nothing.
+  void grads_written(double bound = unknown_bound) noexcept {
+    grads_discarded_ = false;
+    grad_bound_ = bound;
+  }
+
+  // A bound on the magnitude of every gradient, from whoever wrote them: 0 after zero_grads()
+  // and discard_grads(); what the last grads_written() said (sequential::backward: the bound
+  // before it plus what its layers reported, backward_args::grad_bound); infinity (nothing
+  // known) once anything took the gradients through a non-const accessor since. A NaN is
+  // never within a finite bound: below certainly_finite_bound every gradient is finite. A span
+  // taken before grads_written() and written through after it is not seen: data parallelism's
+  // reducers do so, and the trainer relies on the bound on one rank only.
+  double grad_bound() const noexcept { return grad_bound_; }
+  bool grads_certainly_finite() const noexcept { return grad_bound_ < certainly_finite_bound; }
 
   // A tensor by name ("2.weight").
   const param_entry& entry(std::string_view name) const {
@@ -194,12 +220,14 @@ class param_store {
   }
   std::span<float> grad(std::string_view name) {
     materialize_grads();
+    grad_bound_ = unknown_bound;
     const auto& e = entry(name);
     return grads_.span().subspan(e.offset, e.spec.elements());
   }
 
   void zero_grads() noexcept {
     grads_discarded_ = false;
+    grad_bound_ = 0.0;
     if (total_ != 0) {
       values_.space().zero(grads_.data(), grads_.bytes());
     }
@@ -212,6 +240,7 @@ class param_store {
   // per group), so that whatever reads the whole span (a reduction, a finiteness check) sees
   // zeros there as after zero_grads().
   void discard_grads() noexcept {
+    grad_bound_ = 0.0;
     if (total_ == 0) {
       return;
     }
@@ -278,6 +307,8 @@ class param_store {
   static constexpr std::uint32_t init_substream = 0x1A17;
 
  private:
+  static constexpr double unknown_bound = std::numeric_limits<double>::infinity();
+
   struct range {
     std::size_t offset = 0;
     std::size_t elements = 0;
@@ -351,6 +382,7 @@ class param_store {
   buffer<float> values_{};
   buffer<float> grads_{};
   mutable bool grads_discarded_ = false;
+  double grad_bound_ = unknown_bound;
 };
 
 // The store of the same groups holding every tensor whole (the layout of a group of one): what

@@ -40,6 +40,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <span>
 #include <stdexcept>
@@ -336,6 +337,10 @@ class sequential {
     }
     check_params(w, params);
     const bool split = w.config_.split_backward;
+    // The gradients' bound before this backward (param_store::grad_bound), read before anything
+    // takes them to write; the layers' reports (requirement 11) add to it at the end.
+    const double bound_before = params.grad_bound();
+    double moved = 0.0;
     // Discarded gradients (param_store::discard_grads): each layer writes its own (writes_grads)
     // or finds them zeroed here, so no pass over all of them comes first. A workspace that runs
     // part of the store's groups, or leaves weight passes for later, has them zeroed first.
@@ -364,6 +369,10 @@ class sequential {
         grad_in = std::span<float>(into_a ? w.grad_a_ : w.grad_b_, batch * shapes_[I].elements());
       }
       a.grad_input = grad_in;
+      double layer_bound = std::numeric_limits<double>::infinity();
+      if (!a.grads.empty()) {
+        a.grad_bound = &layer_bound;
+      }
       if (fresh) {
         if constexpr (layer_writes_grads<layer_t<I>>()) {
           a.write_grads = true;
@@ -406,12 +415,16 @@ class sequential {
         }
         after_layer(g);
       }
+      if (!a.grads.empty()) {  // a weight pass left for later is not bounded here
+        moved = weights_later || !(layer_bound >= 0.0) ? std::numeric_limits<double>::infinity()
+                                                       : std::max(moved, layer_bound);
+      }
       upstream = grad_in;
       into_a = !into_a;
     });
     w.grad_input_ = upstream;
     w.weights_pending_ = split;
-    params.grads_written();
+    params.grads_written(bound_before + moved);
   }
 
   // split_backward: the weight passes the last backward left (after_layer(g) after each, in

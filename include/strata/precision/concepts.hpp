@@ -32,7 +32,11 @@
 //      gradient), so that every rank skips together; `bool to_master(std::span<float> grads,
 //      double scale) const` does the same unscale and check for gradients another rank scaled
 //      (a parameter server's shard) and `bool finite(std::span<const float>) const` checks
-//      without changing (true when the policy does not check);
+//      without changing (true when the policy does not check). finish may take a fifth
+//      argument, `gradient_facts facts`: the trainer passes it where the policy takes it, with
+//      facts.certainly_finite when it knows every compute gradient finite (on one rank, the
+//      layers bounded them all: model::param_store::grad_bound); a policy whose only check is
+//      for NaN and inf may then skip reading them (and still votes);
 //   7. keeps its state across a checkpoint: `nlohmann::json state() const` and
 //      `void restore(const nlohmann::json&)` (restore(null): a checkpoint without it).
 //
@@ -61,6 +65,22 @@
 #include "strata/model/param_store.hpp"
 
 namespace strata::precision {
+
+// What the trainer knows of a step's gradients besides their values (requirement 6's optional
+// fifth argument of finish).
+struct gradient_facts {
+  // Every compute gradient is finite: the layers that wrote them bounded them far below
+  // float's largest (model::param_store::grads_certainly_finite), on one rank, and nothing
+  // wrote them since (store() of a float32 policy aside).
+  bool certainly_finite = false;
+};
+
+// Whether P's finish takes gradient_facts.
+template <class P, class Vote>
+concept takes_gradient_facts = requires(P& p, std::uint64_t step, std::span<const float> from,
+                                        std::span<float> to, Vote&& vote, gradient_facts facts) {
+  { p.finish(step, from, to, std::forward<Vote>(vote), facts) } -> std::same_as<bool>;
+};
 
 // The callables the contract's checks call a policy with.
 using copy_maker_archetype = model::param_store (*)();

@@ -47,10 +47,13 @@ struct fp32 {
   void store(std::span<float>) const noexcept {}
   double loss_scale() const noexcept { return 1.0; }
 
-  // The gradients are the master's already: checked, and every rank follows the vote.
+  // The gradients are the master's already: checked (unless the trainer knows them finite),
+  // and every rank follows the vote.
   template <class Vote>
-  bool finish(std::uint64_t step, std::span<const float> grads, std::span<float>, Vote&& vote) {
-    if (!std::forward<Vote>(vote)(!all_finite(grads))) {
+  bool finish(std::uint64_t step, std::span<const float> grads, std::span<float>, Vote&& vote,
+              gradient_facts facts = {}) {
+    const bool local_nonfinite = !facts.certainly_finite && !all_finite(grads);
+    if (!std::forward<Vote>(vote)(local_nonfinite)) {
       nonfinite_in_a_row_ = 0;
       return true;
     }

@@ -323,7 +323,11 @@ class step_runner {
       return loss;
     }
     p_.model.backward(work_, p, grad);
+    const double bound = p.grad_bound();
     p_.precision.store(p.grads());  // as the compute type holds them
+    if constexpr (PrecisionPolicy::compute_dtype == dtype::float32) {
+      p.grads_written(bound);  // rounding through float32 changed nothing (requirement 5)
+    }
     return loss;
   }
 

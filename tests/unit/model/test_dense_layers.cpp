@@ -600,6 +600,123 @@ TEST_CASE("linear: asked for parts, it reports rows of the weight gradient as th
   CHECK(s.reports.empty());
 }
 
+TEST_CASE("max_magnitude: the largest |x|, infinity for any inf or NaN") {
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  CHECK(sm::detail::max_magnitude(nullptr, 0) == 0.0f);
+  for (std::size_t n = 1; n <= 40; ++n) {
+    INFO("n = ", n);
+    std::vector<float> x = random_values(n, 50 + n, 3.0f);
+    x[n / 2] = -0.0f;
+    x[n - 1] = std::numeric_limits<float>::denorm_min();
+    float want = 0.0f;
+    for (const float v : x) {
+      want = std::max(want, std::abs(v));
+    }
+    CHECK(sm::detail::max_magnitude(x.data(), n) == want);
+    x[0] = -std::numeric_limits<float>::max();
+    CHECK(sm::detail::max_magnitude(x.data(), n) == std::numeric_limits<float>::max());
+    for (std::size_t i = 0; i < n; ++i) {
+      for (const float bad : {inf, -inf, nan, -nan}) {
+        std::vector<float> y = x;
+        y[i] = bad;
+        CHECK(sm::detail::max_magnitude(y.data(), n) == inf);
+      }
+    }
+  }
+}
+
+TEST_CASE("linear: the bound it reports covers every gradient's change (requirement 11)") {
+  const float inf = std::numeric_limits<float>::infinity();
+  const sm::linear layers[] = {
+      {.in = 10, .out = 40},
+      {.in = 10, .out = 40, .bias = false},
+      {.in = 10, .out = 40, .activation = sm::fused_activation::relu},
+      {.in = 10, .out = 40, .activation = sm::fused_activation::relu, .dropout = 0.2}};
+  // Batches 1 and 3 bound from the factors (fewer than the 440 gradients); 20 reads the
+  // gradients after the product.
+  for (const sm::linear& l : layers) {
+    for (const std::size_t batch : {1, 3, 20}) {
+      for (const bool write : {false, true}) {
+        INFO(sm::to_string(l), ", batch ", batch, write ? ", writing" : ", adding");
+        const std::size_t n_params = 40 * 10 + (l.bias ? 40 : 0);
+        const auto x = random_values(batch * 10, 60 + batch, 2.0f);
+        const auto params = random_values(n_params, 61);
+        const auto dy = random_values(batch * 40, 62 + batch, 3.0f);
+        auto run = run_forward(l, vec(10), batch, x, params, true, {.seed = 9, .layer = 1});
+        std::vector<float> grads = random_values(n_params, 63, 0.5f);
+        const std::vector<float> before = grads;
+        const float before_bound = write ? 0.0f : 0.5f;
+        std::vector<float> dx(batch * 10);
+        double bound = -1.0;
+        const sm::backward_args a{.batch = batch,
+                                  .in_shape = vec(10),
+                                  .out_shape = vec(40),
+                                  .input = x,
+                                  .output = run.output,
+                                  .grad_output = dy,
+                                  .grad_input = dx,
+                                  .params = params,
+                                  .grads = grads,
+                                  .workspace = run.workspace,
+                                  .write_grads = write,
+                                  .grad_bound = &bound};
+        l.backward(a);
+        REQUIRE(std::isfinite(bound));
+        float moved = 0.0f;
+        for (std::size_t i = 0; i < n_params; ++i) {
+          CHECK(std::abs(grads[i]) <= before_bound + bound);
+          moved = std::max(moved, std::abs(grads[i] - (write ? 0.0f : before[i])));
+        }
+        CHECK(moved > 0.0f);
+        CHECK(bound <= 4.0 * static_cast<double>(batch) * 3.0 * 2.0 + before_bound * 2.0);
+
+        // An inf in the input or a NaN in the output gradient: nothing is known.
+        for (const int which : {0, 1}) {
+          auto bad_x = x;
+          auto bad_dy = dy;
+          if (which == 0) {
+            bad_x[batch * 10 - 3] = inf;
+          } else {
+            bad_dy[0] = std::numeric_limits<float>::quiet_NaN();
+          }
+          auto bad_run =
+              run_forward(l, vec(10), batch, bad_x, params, true, {.seed = 9, .layer = 1});
+          grads = before;
+          sm::backward_args b = a;
+          b.input = bad_x;
+          b.output = bad_run.output;
+          b.grad_output = bad_dy;
+          b.workspace = bad_run.workspace;
+          bound = 0.0;
+          l.backward(b);
+          bool all_finite = true;
+          for (const float g : grads) {
+            all_finite = all_finite && std::isfinite(g);
+          }
+          // A fused ReLU may mask the bad element away; then the gradients stay finite.
+          CHECK((bound == inf || all_finite));
+          if (l.activation == sm::fused_activation::none) {
+            CHECK(bound == inf);
+          }
+        }
+      }
+    }
+  }
+  // Batch 0: nothing moved.
+  const sm::linear l{.in = 3, .out = 2};
+  std::vector<float> params(8, 1.0f);
+  std::vector<float> grads(8, 2.0f);
+  double bound = -1.0;
+  l.backward({.batch = 0,
+              .in_shape = vec(3),
+              .out_shape = vec(2),
+              .params = params,
+              .grads = grads,
+              .grad_bound = &bound});
+  CHECK(bound == 0.0);
+}
+
 TEST_CASE("linear: batch 0 touches nothing") {
   const sm::linear l{.in = 3, .out = 2};
   std::vector<float> params(8, 1.0f);

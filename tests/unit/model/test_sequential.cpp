@@ -316,6 +316,87 @@ TEST_CASE("discarded gradients: backward writes them, whatever the memory held")
   CHECK(std::vector<float>(params.grads().begin(), params.grads().end()) == once);
 }
 
+TEST_CASE("the gradients' bound: what the layers report, unknown once anything else writes") {
+  const double inf = std::numeric_limits<double>::infinity();
+  constexpr auto relu = sm::fused_activation::relu;
+  const auto model =
+      sm::sequential(strata::sample_shape{.channels = 1, .height = 2, .width = 6}, sm::flatten{},
+                     sm::linear{.in = 12, .out = 9, .activation = relu, .dropout = 0.25},
+                     sm::relu{}, sm::linear{.in = 9, .out = 4});
+  const std::size_t batch = 3;
+  auto params = model.make_params();
+  params.initialize(3);
+  auto w = model.make_workspace(batch);
+  auto input = random_floats(batch * 12, 4);
+  const auto grad_out = random_floats(batch * 4, 5);
+  const auto run = [&] {
+    (void)model.forward(w, params, input, batch, {.training = true, .seed = 5, .step = 1});
+    model.backward(w, params, grad_out);
+  };
+  const auto largest = [&] {
+    float m = 0.0f;
+    for (const float g : std::as_const(params).grads()) {
+      m = std::isfinite(g) ? std::max(m, std::abs(g)) : std::numeric_limits<float>::infinity();
+    }
+    return static_cast<double>(m);
+  };
+  CHECK(params.grad_bound() == inf);  // a new store: nothing known
+  params.discard_grads();
+  CHECK(params.grad_bound() == 0.0);
+  run();
+  const double once = params.grad_bound();
+  CHECK(once > 0.0);
+  CHECK(params.grads_certainly_finite());
+  CHECK(largest() <= once);
+  run();  // the next micro-batch adds: the bounds add
+  CHECK(params.grad_bound() > once);
+  CHECK(largest() <= params.grad_bound());
+  (void)std::as_const(params).grads();  // reading keeps it
+  CHECK(params.grads_certainly_finite());
+  (void)params.grads();  // taken to write: unknown
+  CHECK(params.grad_bound() == inf);
+  CHECK_FALSE(params.grads_certainly_finite());
+  params.zero_grads();
+  CHECK(params.grad_bound() == 0.0);
+
+  // An inf in the input: no bound, and the gradients are indeed not all finite.
+  input[7] = std::numeric_limits<float>::infinity();
+  params.discard_grads();
+  run();
+  CHECK_FALSE(params.grads_certainly_finite());
+  CHECK(largest() == static_cast<double>(std::numeric_limits<float>::infinity()));
+
+  // A layer that reports nothing (layer_norm) leaves the whole store unknown; split backward,
+  // whose weight passes come later, too.
+  const auto normed = sm::sequential(strata::sample_shape{.channels = 1, .height = 1, .width = 6},
+                                     sm::linear{.in = 6, .out = 5}, sm::layer_norm{.features = 5},
+                                     sm::linear{.in = 5, .out = 2});
+  auto p2 = normed.make_params();
+  p2.initialize(1);
+  auto w2 = normed.make_workspace(batch);
+  const auto x2 = random_floats(batch * 6, 6);
+  const auto g2 = random_floats(batch * 2, 7);
+  p2.discard_grads();
+  (void)normed.forward(w2, p2, x2, batch, {.training = true});
+  normed.backward(w2, p2, g2);
+  CHECK(p2.grad_bound() == inf);
+  const auto plain = sm::sequential(strata::sample_shape{.channels = 1, .height = 1, .width = 6},
+                                    sm::linear{.in = 6, .out = 5}, sm::linear{.in = 5, .out = 2});
+  auto p3 = plain.make_params();
+  p3.initialize(1);
+  auto w3 = plain.make_workspace(batch, {.split_backward = true});
+  p3.discard_grads();
+  (void)plain.forward(w3, p3, x2, batch, {.training = true});
+  plain.backward(w3, p3, g2);
+  plain.backward_weight(w3, p3);
+  CHECK(p3.grad_bound() == inf);
+  auto w4 = plain.make_workspace(batch);
+  p3.discard_grads();
+  (void)plain.forward(w4, p3, x2, batch, {.training = true});
+  plain.backward(w4, p3, g2);
+  CHECK(p3.grads_certainly_finite());
+}
+
 // A pipeline's view: the model cut into runs of layers, each with its own workspace and a store of
 // its layers only, chained by hand, computes the whole model's output and gradients bit for bit,
 // with the backward whole or split into input and weight passes.

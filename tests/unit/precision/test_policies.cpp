@@ -68,6 +68,33 @@ struct unrounded_bf16 : sp::bf16 {  // says bfloat16 but keeps float32 gradients
   void store(std::span<float>) const {}
 };
 
+// float32 that records what the trainer told it of each step's gradients (requirement 6's
+// fifth argument) and otherwise decides as precision::fp32.
+std::vector<bool>& told_finite() {
+  static std::vector<bool> told;
+  return told;
+}
+struct recording_fp32 : sp::fp32 {
+  using sp::fp32::fp32;
+  template <class Vote>
+  bool finish(std::uint64_t step, std::span<const float> grads, std::span<float> master,
+              Vote&& vote, sp::gradient_facts facts = {}) {
+    told_finite().push_back(facts.certainly_finite);
+    return sp::fp32::finish(step, grads, master, std::forward<Vote>(vote), facts);
+  }
+};
+
+// Blobs whose sample 37 holds an inf: the step that draws it has non-finite gradients.
+struct poisoned_blobs : strata::test::blobs {
+  std::int32_t read(std::size_t i, std::span<float> out) const {
+    const std::int32_t label = blobs::read(i, out);
+    if (i == 37) {
+      out[2] = std::numeric_limits<float>::infinity();
+    }
+    return label;
+  }
+};
+
 fs::path work_dir(const std::string& name) {
   const fs::path dir = fs::path(STRATA_TEST_WORK_DIR) / "precision_policies" / name;
   fs::remove_all(dir);
@@ -114,6 +141,55 @@ TEST_CASE("the precision_policy conformance suite fails policies that break the 
   const auto unrounded =
       suite<unrounded_bf16>(with_dtype(strata::config::precision_dtype::bfloat16));
   CHECK_FALSE(unrounded.ok());
+}
+
+TEST_CASE("fp32 on one rank: bounded gradients are not read again; a bad sample is still skipped") {
+  using model_type = decltype(strata::test::blobs_mlp());
+  static_assert(sp::takes_gradient_facts<sp::fp32, bool (*)(bool)>);
+  static_assert(!sp::takes_gradient_facts<guarded_fp32, bool (*)(bool)>);
+  expect_conformant<recording_fp32>({});
+  const strata::test::blobs test{.n = 64, .salt = 1};
+  // Clean data: every step's gradients came bounded from the layers (the callbacks took none).
+  {
+    told_finite().clear();
+    st::trainer<model_type, recording_fp32> t(
+        strata::test::blobs_mlp(), training_config(work_dir("told")), {.print_progress = false});
+    t.fit(strata::test::blobs{.n = 256}, strata::data::identity{}, test, strata::data::identity{});
+    CHECK(told_finite() == std::vector<bool>(8, true));
+    CHECK(t.skipped_steps() == 0);
+  }
+  // Sample 37 holds an inf: that step is not certain, is checked and skipped, the others apply;
+  // a gradient callback that takes the gradients to write makes its step uncertain too.
+  {
+    told_finite().clear();
+    st::trainer<model_type, recording_fp32> t(strata::test::blobs_mlp(),
+                                              training_config(work_dir("poisoned")),
+                                              {.print_progress = false});
+    const std::string initial = st::xxh3_hex(t.params().values());
+    std::vector<std::string> after;
+    std::vector<bool> skipped;
+    t.on_step([&](const st::step_metrics& m) {
+      after.push_back(st::xxh3_hex(t.params().values()));
+      skipped.push_back(m.skipped);
+    });
+    t.fit(poisoned_blobs{{.n = 256}}, strata::data::identity{}, test, strata::data::identity{});
+    REQUIRE(skipped.size() == 8);
+    CHECK(t.skipped_steps() == 1);
+    for (std::size_t i = 0; i < 8; ++i) {
+      INFO("step ", i);
+      CHECK(told_finite()[i] == !skipped[i]);
+      if (skipped[i]) {
+        CHECK(after[i] == (i == 0 ? initial : after[i - 1]));
+      }
+    }
+    told_finite().clear();
+    st::trainer<model_type, recording_fp32> u(strata::test::blobs_mlp(),
+                                              training_config(work_dir("callback")),
+                                              {.print_progress = false});
+    u.on_gradients([](std::uint64_t, std::span<float>) {});
+    u.fit(strata::test::blobs{.n = 64}, strata::data::identity{}, test, strata::data::identity{});
+    CHECK(told_finite() == std::vector<bool>(2, false));
+  }
 }
 
 TEST_CASE("a user's guarded_fp32 in the trainer skips a non-finite step on every rank") {
