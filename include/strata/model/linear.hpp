@@ -282,8 +282,9 @@ struct linear {
     // Requirement 11, from the factors where they are fewer than the gradients (a batch smaller
     // than the layer; read just before the product reads them again): each element of dW moves
     // by a sum of n products x dy, each of the bias by a sum of n dy, so by at most
-    // n max|dy| max(max|x|, 1). Twice that covers the sums' rounding (at most 2^23 terms, each
-    // factor perhaps rounded to bfloat16 first). Else the gradients are read after the product.
+    // n max|dy| max(max|x|, 1). Three times that covers the sums' rounding (at most 2^23 terms:
+    // a factor below 2) and the factors' rounding to bfloat16 where the product takes them so.
+    // Else the gradients are read after the product.
     const bool bound_from_factors = args.grad_bound != nullptr && n <= (std::size_t{1} << 23) &&
                                     n * (in + out) < args.grads.size();
     if (bound_from_factors) {
@@ -292,7 +293,7 @@ struct linear {
       const double inf = std::numeric_limits<double>::infinity();
       *args.grad_bound = std::isinf(x_max) || std::isinf(dy_max)
                              ? inf
-                             : 2.0 * static_cast<double>(n) * dy_max * std::max(x_max, 1.0);
+                             : 3.0 * static_cast<double>(n) * dy_max * std::max(x_max, 1.0);
     }
     float* dw = args.grads.data();
     // Adding into dW, or writing it (write_grads: the products overwrite what is there).

@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <limits>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -162,6 +163,29 @@ std::string to_string(const scale& l) {
 
 static_assert(strata::model::check_layer<scale>());
 // snippet-end: parameter_layer
+
+// scale that bounds its gradients (requirement 11): gain_f moves by a sum over the batch of
+// dy x, so by at most batch max|dy| max|x| (twice that for the sums' rounding); infinity when
+// either holds an inf or a NaN.
+struct bounded_scale : scale {
+  void backward(const strata::model::backward_args& args) const {
+    scale::backward(args);
+    if (args.grad_bound == nullptr) {
+      return;
+    }
+    const auto largest = [](std::span<const float> v) {
+      double m = 0.0;
+      for (const float f : v) {
+        m = std::isfinite(f) ? std::max(m, static_cast<double>(std::abs(f)))
+                             : std::numeric_limits<double>::infinity();
+      }
+      return m;
+    };
+    *args.grad_bound =
+        2.0 * static_cast<double>(args.batch) * largest(args.grad_output) * largest(args.input);
+  }
+};
+static_assert(strata::model::check_layer<bounded_scale>());
 
 }  // namespace
 
@@ -436,6 +460,42 @@ TEST_CASE("a layer with a parameter: spec, initialisation, gradients added") {
   }
   CHECK(model.total_cost().forward_flops == doctest::Approx(2.0 * 8 * 6 + 6 + 2.0 * 6 * 3));
   CHECK(model_gradient_error(model, 22) <= 1.0);
+  // A layer that says nothing of its gradients leaves the store's bound unknown; one that
+  // bounds them (bounded_scale) lets the bound through, and the gradients are within it.
+  const auto bounded =
+      sm::sequential(features8, sm::linear{.in = 8, .out = 6}, bounded_scale{{.features = 6}},
+                     sm::linear{.in = 6, .out = 3});
+  for (const bool bounds : {false, true}) {
+    const std::string which = bounds ? "bounded_scale" : "scale";
+    INFO(which);
+    auto p = bounds ? bounded.make_params() : model.make_params();
+    p.initialize(5);
+    const std::size_t batch = 4;
+    strata::rng_stream rng(8);
+    std::vector<float> x(batch * 8);
+    std::vector<float> dy(batch * 3);
+    for (float& v : x) {
+      v = rng.uniform(-1.0f, 1.0f);
+    }
+    for (float& v : dy) {
+      v = rng.uniform(-1.0f, 1.0f);
+    }
+    const auto backward = [&](const auto& m) {
+      auto w = m.make_workspace(batch);
+      p.discard_grads();
+      (void)m.forward(w, p, x, batch, {.training = true});
+      m.backward(w, p, dy);
+    };
+    if (bounds) {
+      backward(bounded);
+    } else {
+      backward(model);
+    }
+    CHECK(p.grads_certainly_finite() == bounds);
+    for (const float g : std::as_const(p).grads()) {
+      CHECK(std::abs(g) <= p.grad_bound());
+    }
+  }
 }
 
 TEST_CASE("a type that cannot be changed joins through enable_layer and layer_traits") {
