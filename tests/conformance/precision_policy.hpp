@@ -89,7 +89,8 @@ precision_report check_precision_policy_semantics(const config::train_config& cf
     bool reported_nonfinite = false;
     std::vector<float> master_grads{};
   };
-  const auto decide = [&](P& q, std::uint64_t step, bool poison, bool verdict, bool echo) {
+  // The compute gradients g x loss_scale, stored; with `poison` an inf at n / 2.
+  const auto compute_grads = [&](P& q, bool poison) -> model::param_store& {
     model::param_store& compute = q.compute(master);
     std::span<float> cg = compute.grads();
     const auto scale = static_cast<float>(q.loss_scale());
@@ -100,6 +101,10 @@ precision_report check_precision_policy_semantics(const config::train_config& cf
     if (poison) {
       cg[n / 2] = std::numeric_limits<float>::infinity();
     }
+    return compute;
+  };
+  const auto decide = [&](P& q, std::uint64_t step, bool poison, bool verdict, bool echo) {
+    model::param_store& compute = compute_grads(q, poison);
     decision d;
     d.applied = q.finish(step, std::as_const(compute).grads(), master.grads(), [&](bool mine) {
       ++d.votes;
@@ -154,16 +159,7 @@ precision_report check_precision_policy_semantics(const config::train_config& cf
   // still finds its own inf.
   if constexpr (precision::takes_gradient_facts<P, precision::vote_archetype>) {
     const auto told = [&](bool certainly_finite, bool poison) {
-      model::param_store& compute = p.compute(master);
-      std::span<float> cg = compute.grads();
-      const auto scale = static_cast<float>(p.loss_scale());
-      for (std::size_t i = 0; i < n; ++i) {
-        cg[i] = g[i] * scale;
-      }
-      p.store(cg);
-      if (poison) {
-        cg[n / 3] = std::numeric_limits<float>::infinity();
-      }
+      model::param_store& compute = compute_grads(p, poison);
       decision d;
       d.applied = p.finish(
           7, std::as_const(compute).grads(), master.grads(),
