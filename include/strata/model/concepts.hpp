@@ -49,7 +49,6 @@
 //      keeps between them may depend on the place: `l.workspace_elements(in, batch, place)`
 //      taking a tensor_place is used where declared. Parameters with split none are held whole
 //      by every rank of the group, which compute them alike.
-
 //  11. bound its parameter gradients: where args.grad_bound is not null, store there a number
 //      B such that every element of args.grads after the call is within B of the magnitude
 //      bound it had before (a layer that adds products of finite, bounded factors knows one
