@@ -284,7 +284,11 @@ struct linear {
     // by a sum of n products x dy, each of the bias by a sum of n dy, so by at most
     // n max|dy| max(max|x|, 1). Three times that covers the sums' rounding (at most 2^23 terms:
     // a factor below 2) and the factors' rounding to bfloat16 where the product takes them so.
-    // Else the gradients are read after the product.
+    // Else the gradients are read after the product, unless they were reported final in parts
+    // (whoever hears a part, data parallelism, may already be reducing it in place): then
+    // nothing is known.
+    const std::size_t chunk = args.progress.chunk;
+    const bool in_parts = chunk > 0 && chunk < out * in;
     const bool bound_from_factors = args.grad_bound != nullptr && n <= (std::size_t{1} << 23) &&
                                     n * (in + out) < args.grads.size();
     if (bound_from_factors) {
@@ -298,8 +302,7 @@ struct linear {
     float* dw = args.grads.data();
     // Adding into dW, or writing it (write_grads: the products overwrite what is there).
     const float dw_beta = args.write_grads ? 0.0f : 1.0f;
-    const std::size_t chunk = args.progress.chunk;
-    if (chunk > 0 && chunk < out * in) {
+    if (in_parts) {
       // In parts of whole rows of dW of at least `chunk` floats, each reported final: data
       // parallelism sends one part while this computes the next. At least min_part_rows rows,
       // so that a wide input does not turn the product into one matrix-vector pass per row.
@@ -333,7 +336,7 @@ struct linear {
         }
       }
     }
-    if (args.grad_bound != nullptr && !bound_from_factors) {
+    if (args.grad_bound != nullptr && !bound_from_factors && !in_parts) {
       *args.grad_bound = detail::max_magnitude(args.grads.data(), args.grads.size());
     }
   }

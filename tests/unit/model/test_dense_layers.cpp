@@ -703,6 +703,35 @@ TEST_CASE("linear: the bound it reports covers every gradient's change (requirem
       }
     }
   }
+  // Reported final in parts (data parallelism may be reducing them already): read again only
+  // from the factors; at batch 20 (the gradients read after the product) nothing is known.
+  {
+    const sm::linear l{.in = 10, .out = 40};
+    for (const std::size_t batch : {3, 20}) {
+      INFO("batch ", batch);
+      const auto x = random_values(batch * 10, 70);
+      const auto params = random_values(440, 71);
+      const auto dy = random_values(batch * 40, 72);
+      std::vector<float> grads(440);
+      double bound = std::numeric_limits<double>::infinity();
+      std::size_t reports = 0;
+      l.backward(
+          {.batch = batch,
+           .in_shape = vec(10),
+           .out_shape = vec(40),
+           .input = x,
+           .grad_output = dy,
+           .params = params,
+           .grads = grads,
+           .progress = {.report = [](void* c, std::size_t) { ++*static_cast<std::size_t*>(c); },
+                        .context = &reports,
+                        .chunk = 170},
+           .write_grads = true,
+           .grad_bound = &bound});
+      CHECK(reports == 3);
+      CHECK((batch == 3 ? std::isfinite(bound) : bound == inf));
+    }
+  }
   // Batch 0: nothing moved.
   const sm::linear l{.in = 3, .out = 2};
   std::vector<float> params(8, 1.0f);
