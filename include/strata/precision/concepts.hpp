@@ -82,6 +82,18 @@ concept takes_gradient_facts = requires(P& p, std::uint64_t step, std::span<cons
   { p.finish(step, from, to, std::forward<Vote>(vote), facts) } -> std::same_as<bool>;
 };
 
+// Requirement 6 as the trainer calls it: p.finish with the facts where p takes them, without
+// where it does not.
+template <class P, class Vote>
+bool finish(P& p, std::uint64_t step, std::span<const float> compute_grads,
+            std::span<float> master_grads, Vote&& vote, gradient_facts facts) {
+  if constexpr (takes_gradient_facts<P, Vote>) {
+    return p.finish(step, compute_grads, master_grads, std::forward<Vote>(vote), facts);
+  } else {
+    return p.finish(step, compute_grads, master_grads, std::forward<Vote>(vote));
+  }
+}
+
 // The callables the contract's checks call a policy with.
 using copy_maker_archetype = model::param_store (*)();
 using vote_archetype = bool (*)(bool);

@@ -461,26 +461,16 @@ class trainer {
       f(step_, compute_params().grads());
     }
     // With sharded state only this rank's shard of the gradients is reduced and used. The
-    // precision policy decides; every rank that holds parameters votes alike (the executor's
-    // vote).
-    // On one rank, gradients its layers bounded and nothing wrote since are finite for certain
-    // (read before the accessors below, which take them to write).
-    const precision::gradient_facts facts{
-        .certainly_finite =
-            group() == nullptr && std::as_const(compute_params()).grads_certainly_finite()};
+    // precision policy decides; every rank that holds parameters votes alike. On one rank,
+    // gradients the layers bounded are finite for certain (read before `to` takes them to write).
+    const bool certain =
+        group() == nullptr && std::as_const(compute_params()).grads_certainly_finite();
     const auto [first, size] = exec_->owned();
-    const std::span<const float> from =
-        std::as_const(compute_params()).grads().subspan(first, size);
-    const std::span<float> to = params_.grads().subspan(first, size);
-    const auto vote = [this](bool local_nonfinite) {
-      return exec_->any_rank_nonfinite(local_nonfinite);
-    };
-    bool apply = false;
-    if constexpr (precision::takes_gradient_facts<precision_policy, decltype(vote)>) {
-      apply = precision_.finish(step_, from, to, vote, facts);
-    } else {
-      apply = precision_.finish(step_, from, to, vote);
-    }
+    const bool apply = precision::finish(
+        precision_, step_, std::as_const(compute_params()).grads().subspan(first, size),
+        params_.grads().subspan(first, size),
+        [this](bool nonfinite) { return exec_->any_rank_nonfinite(nonfinite); },
+        {.certainly_finite = certain});
     if (!apply) {
       ++skipped_steps_;
       exec_->skipped();
