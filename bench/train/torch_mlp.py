@@ -7,6 +7,12 @@ with Nesterov momentum, softmax cross-entropy, at the same batch and thread coun
 --bf16 runs forward and the loss under torch.autocast("cpu", dtype=torch.bfloat16), PyTorch's
 mixed precision on CPU (float32 weights, bfloat16 matmuls where the CPU has them).
 
+torch.set_num_threads sizes PyTorch's OpenMP team only: the OpenBLAS behind its float32
+products takes its thread count from OPENBLAS_NUM_THREADS (bench_trainer sets it to --threads),
+else uses every CPU. bench_trainer runs this script twice per row, with and without
+OMP_WAIT_POLICY=PASSIVE (OpenMP's threads sleeping between parallel regions rather than spinning
+on the CPUs OpenBLAS's threads need), and keeps the faster.
+
 Inputs are random tensors made once in memory (no loading or augmentation is timed, which
 favours this baseline). Prints one JSON object: {"threads", "batch", "samples_per_s", "torch"}.
 """
