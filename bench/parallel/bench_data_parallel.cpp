@@ -20,7 +20,8 @@
 //     completes it) and = async (MPI_Iallreduce, waited for before the optimizer step);
 // and PyTorch in the same run (bench/parallel/torch_ddp.py, when `import torch` works):
 // DistributedDataParallel with gloo on 2 processes of 1 thread, and one process with 1 and 2
-// threads.
+// threads, each at its best on its threads (bench/common/torch.hpp). The first lines name the
+// CPU and the GEMM kernels.
 //
 //   build/bench/bench_data_parallel [--data-dir DIR] [--global 256] [--steps 60] [--warmup 5]
 //                                   [--loader-workers 1] [--bucket-mb 25] [--repeats 3]
@@ -52,7 +53,9 @@
 #include <nlohmann/json.hpp>
 
 #include "../common/args.hpp"
+#include "../common/machine.hpp"
 #include "../common/spawn.hpp"
+#include "../common/torch.hpp"
 
 #include "strata/comm/any_comm.hpp"
 #include "strata/comm/threads.hpp"
@@ -372,6 +375,8 @@ int main(int argc, char** argv) {
       }
     }
 #endif
+    const strata::model::gemm_environment gemm_env = strata::model::detect_gemm_environment();
+    const std::string coretype = bench::openblas_coretype_fix(gemm_env);
     double best_torch = 0.0;
     std::string torch_version;
     if (o.torch) {
@@ -383,29 +388,46 @@ int main(int argc, char** argv) {
       const std::string common = " --batch " + std::to_string(o.global) + " --steps " +
                                  std::to_string(o.steps) + " --warmup " + std::to_string(o.warmup) +
                                  " 2>/dev/null";
-      const std::pair<const char*, std::string> runs[] = {
-          {"PyTorch DDP gloo, 2 processes x 1 thread", " --mode ddp --ranks 2"},
-          {"PyTorch 1 process, 1 thread", " --mode single --threads 1"},
-          {"PyTorch 1 process, 2 threads", " --mode single --threads 2"}};
-      for (const auto& [name, args] : runs) {
-        if (auto j = bench::run_json(python + " " + script + args + common);
-            j && j->contains("samples_per_s")) {
+      // Each at its best on its threads (bench/common/torch.hpp): OpenBLAS's threads per
+      // process, its kernels set right, the faster of OpenMP spinning or sleeping.
+      const struct {
+        const char* name;
+        std::string args;
+        int threads_per_process;
+      } runs[] = {{"PyTorch DDP gloo, 2 processes x 1 thread", " --mode ddp --ranks 2", 1},
+                  {"PyTorch 1 process, 1 thread", " --mode single --threads 1", 1},
+                  {"PyTorch 1 process, 2 threads", " --mode single --threads 2", 2}};
+      for (const auto& run : runs) {
+        if (auto j = bench::run_torch_best(python + " " + script + run.args + common,
+                                           run.threads_per_process, coretype)) {
           const double rate = j->at("samples_per_s").get<double>();
-          rows.push_back({name, rate, rate, rate});
+          rows.push_back({std::string(run.name) + " (OpenMP wait policy " +
+                              j->at("wait_policy").get<std::string>() + ")",
+                          rate, rate, rate});
           best_torch = std::max(best_torch, rate);
           torch_version = j->value("torch", "");
         }
       }
+    }
+    std::printf("# CPU: %s; %s\n", bench::cpu_model().c_str(),
+                strata::describe(gemm_env.cpu).c_str());
+    std::printf("# GEMM: %s\n",
+                strata::model::describe(
+                    strata::model::decide_gemm(strata::model::current_gemm(), gemm_env), gemm_env)
+                    .c_str());
+    if (!coretype.empty()) {
+      std::printf("# OpenBLAS picked %s kernels here: PyTorch runs with OPENBLAS_CORETYPE=%s\n",
+                  gemm_env.openblas_core.c_str(), coretype.c_str());
     }
     std::printf(
         "# MLP 784-1024-1024-10, global batch %zu, %zu timed steps after %zu; strata: median "
         "of %zu runs in turns (range: slowest-fastest); baseline: strata 1 rank, 1 thread = "
         "%.0f samples/s\n",
         o.global, o.steps, o.warmup, o.repeats, base);
-    std::printf("%-44s %12s %10s %16s\n", "configuration", "samples/s", "vs_base", "range");
+    std::printf("%-60s %12s %10s %16s\n", "configuration", "samples/s", "vs_base", "range");
     nlohmann::json out_rows = nlohmann::json::array();
     for (const auto& r : rows) {
-      std::printf("%-44s %12.0f %9.2fx %8.0f-%-7.0f\n", r.name.c_str(), r.rate, r.rate / base,
+      std::printf("%-60s %12.0f %9.2fx %8.0f-%-7.0f\n", r.name.c_str(), r.rate, r.rate / base,
                   r.low, r.high);
       out_rows.push_back({{"configuration", r.name},
                           {"samples_per_s", r.rate},

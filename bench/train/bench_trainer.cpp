@@ -48,6 +48,7 @@
 #include "../common/args.hpp"
 #include "../common/machine.hpp"
 #include "../common/spawn.hpp"
+#include "../common/torch.hpp"
 
 #include "strata/data/idx.hpp"
 #include "strata/data/prefetch_loader.hpp"
@@ -311,45 +312,20 @@ double run_loop(const sd::idx_dataset& train, const options& o) {
   return rate_of(ends, o);
 }
 
-// One run of torch_mlp.py; its JSON line with "wait_policy" added. torch.set_num_threads sizes
-// PyTorch's OpenMP team, not the pthreads of the OpenBLAS its float32 products run on, which
-// would take every CPU: OPENBLAS_NUM_THREADS gives them the row's count too. `passive`: the
-// OpenMP team sleeps between parallel regions (OMP_WAIT_POLICY=PASSIVE) instead of spinning on
-// the CPUs OpenBLAS's threads need.
-std::optional<nlohmann::json> run_torch_once(const options& o, int threads, bool bf16,
-                                             const std::string& coretype, bool passive) {
+// PyTorch's run of the row (bench/common/torch.hpp: OpenBLAS on the row's threads, the faster
+// of OpenMP spinning or sleeping); its JSON line with "wait_policy".
+std::optional<nlohmann::json> run_torch(const options& o, int threads, bool bf16,
+                                        const std::string& coretype) {
   const std::filesystem::path script =
       std::filesystem::path(STRATA_SOURCE_DIR) / "bench" / "train" / "torch_mlp.py";
   // Debian's interpreter first: python3-torch installs into /usr/lib/python3.
   const std::string python =
       std::filesystem::exists("/usr/bin/python3") ? "/usr/bin/python3" : "python3";
-  const std::string command = "OPENBLAS_NUM_THREADS=" + std::to_string(threads) + " " +
-                              (passive ? "OMP_WAIT_POLICY=PASSIVE " : "") +
-                              (coretype.empty() ? "" : "OPENBLAS_CORETYPE=" + coretype + " ") +
-                              python + " " + script.string() + (bf16 ? " --bf16" : "") +
-                              " --threads " + std::to_string(threads) + " --batch " +
-                              std::to_string(o.batch) + " --steps " + std::to_string(o.steps) +
-                              " --repeats " + std::to_string(o.repeats) + " 2>/dev/null";
-  auto result = bench::run_json(command);  // the script prints one JSON line
-  if (result) {
-    (*result)["wait_policy"] = passive ? "passive" : "default";
-  }
-  return result;
-}
-
-// PyTorch at its best: the faster of its OpenMP team spinning between regions (the default)
-// and sleeping (with two thread pools on 2 cores, the float32 run at 2 threads measured 4.3k-4.7k
-// samples/s spinning, 8.5k-10.2k sleeping).
-std::optional<nlohmann::json> run_torch(const options& o, int threads, bool bf16,
-                                        const std::string& coretype) {
-  auto spinning = run_torch_once(o, threads, bf16, coretype, false);
-  auto sleeping = run_torch_once(o, threads, bf16, coretype, true);
-  if (!spinning || !sleeping) {
-    return spinning ? spinning : sleeping;
-  }
-  return spinning->at("samples_per_s").get<double>() >= sleeping->at("samples_per_s").get<double>()
-             ? spinning
-             : sleeping;
+  return bench::run_torch_best(python + " " + script.string() + (bf16 ? " --bf16" : "") +
+                                   " --threads " + std::to_string(threads) + " --batch " +
+                                   std::to_string(o.batch) + " --steps " + std::to_string(o.steps) +
+                                   " --repeats " + std::to_string(o.repeats) + " 2>/dev/null",
+                               threads, coretype);
 }
 
 double median(std::vector<double> v) {
@@ -377,14 +353,10 @@ int main(int argc, char** argv) {
     std::printf("# provider %s\n", sm::describe(sm::decide_gemm(p, env), env).c_str());
   }
   // What OpenBLAS would need to use its proper kernels (for PyTorch's run too, if it uses it).
-  std::string coretype;
-  if (env.openblas) {
-    const auto level = sm::openblas_core_isa(env.openblas_core);
-    if (level && *level < strata::widest_isa(env.cpu)) {
-      coretype = strata::widest_isa(env.cpu) == strata::isa_level::avx512 ? "SkylakeX" : "Haswell";
-      std::printf("# OpenBLAS picked %s kernels here: PyTorch runs with OPENBLAS_CORETYPE=%s\n",
-                  env.openblas_core.c_str(), coretype.c_str());
-    }
+  const std::string coretype = bench::openblas_coretype_fix(env);
+  if (!coretype.empty()) {
+    std::printf("# OpenBLAS picked %s kernels here: PyTorch runs with OPENBLAS_CORETYPE=%s\n",
+                env.openblas_core.c_str(), coretype.c_str());
   }
   std::printf("%-14s %8s %14s %10s  %s\n", "config", "threads", "samples/s", "vs torch", "note");
   nlohmann::json rows = nlohmann::json::array();
