@@ -12,33 +12,28 @@
 
 #include <optional>
 #include <string>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
 #include "spawn.hpp"
 
-#include "strata/core/cpu_features.hpp"
 #include "strata/model/gemm.hpp"
 
 namespace bench {
 
-// The OPENBLAS_CORETYPE that gives OpenBLAS this CPU's widest kernels where this process's
-// OpenBLAS picked narrower ones ("SkylakeX" for AVX-512, "Haswell" for AVX2), else "".
+// "OPENBLAS_CORETYPE=..." giving OpenBLAS this CPU's widest kernels where this process's
+// OpenBLAS picked narrower ones (the library's own test and advice, model/gemm.hpp), else "".
 inline std::string openblas_coretype_fix(const strata::model::gemm_environment& env) {
-  if (!env.openblas) {
-    return {};
-  }
-  const auto level = strata::model::openblas_core_isa(env.openblas_core);
-  if (!level || !(*level < strata::widest_isa(env.cpu))) {
-    return {};
-  }
-  return strata::widest_isa(env.cpu) == strata::isa_level::avx512 ? "SkylakeX" : "Haswell";
+  return env.openblas && strata::model::detail::openblas_fallback(env)
+             ? strata::model::detail::openblas_fix(env.cpu)
+             : std::string();
 }
 
 // `command` (the interpreter, the script and its arguments) run twice with OpenBLAS at
-// `openblas_threads` threads and `coretype` (when not empty): the faster run's JSON line (by
-// its "samples_per_s"), with "wait_policy" added ("default": spinning, "passive": sleeping);
-// nullopt when neither printed one.
+// `openblas_threads` threads and `coretype` (openblas_coretype_fix's assignment, when not empty):
+// the faster run's JSON line (by its "samples_per_s"), with "wait_policy" added ("default":
+// spinning, "passive": sleeping); nullopt when neither printed one.
 inline std::optional<nlohmann::json> run_torch_best(const std::string& command,
                                                     int openblas_threads,
                                                     const std::string& coretype) {
@@ -46,7 +41,7 @@ inline std::optional<nlohmann::json> run_torch_best(const std::string& command,
   for (const bool passive : {false, true}) {
     const std::string environment = "OPENBLAS_NUM_THREADS=" + std::to_string(openblas_threads) +
                                     " " + (passive ? "OMP_WAIT_POLICY=PASSIVE " : "") +
-                                    (coretype.empty() ? "" : "OPENBLAS_CORETYPE=" + coretype + " ");
+                                    (coretype.empty() ? "" : coretype + " ");
     auto run = run_json(environment + command);
     if (!run || !run->contains("samples_per_s")) {
       continue;

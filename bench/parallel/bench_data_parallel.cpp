@@ -301,6 +301,7 @@ int main(int argc, char** argv) {
       double rate = 0.0;
       double low = 0.0;  // the slowest and fastest of the repeats (strata in this process)
       double high = 0.0;
+      std::string note{};  // PyTorch's rows: the OpenMP wait policy that was faster
     };
     // The in-process strata configurations, each run o.repeats times in turns; medians.
     const std::pair<const char*, std::function<double()>> configurations[] = {
@@ -401,9 +402,8 @@ int main(int argc, char** argv) {
         if (auto j = bench::run_torch_best(python + " " + script + run.args + common,
                                            run.threads_per_process, coretype)) {
           const double rate = j->at("samples_per_s").get<double>();
-          rows.push_back({std::string(run.name) + " (OpenMP wait policy " +
-                              j->at("wait_policy").get<std::string>() + ")",
-                          rate, rate, rate});
+          rows.push_back({run.name, rate, rate, rate,
+                          "OpenMP wait policy " + j->at("wait_policy").get<std::string>()});
           best_torch = std::max(best_torch, rate);
           torch_version = j->value("torch", "");
         }
@@ -416,7 +416,7 @@ int main(int argc, char** argv) {
                     strata::model::decide_gemm(strata::model::current_gemm(), gemm_env), gemm_env)
                     .c_str());
     if (!coretype.empty()) {
-      std::printf("# OpenBLAS picked %s kernels here: PyTorch runs with OPENBLAS_CORETYPE=%s\n",
+      std::printf("# OpenBLAS picked %s kernels here: PyTorch runs with %s\n",
                   gemm_env.openblas_core.c_str(), coretype.c_str());
     }
     std::printf(
@@ -424,15 +424,19 @@ int main(int argc, char** argv) {
         "of %zu runs in turns (range: slowest-fastest); baseline: strata 1 rank, 1 thread = "
         "%.0f samples/s\n",
         o.global, o.steps, o.warmup, o.repeats, base);
-    std::printf("%-60s %12s %10s %16s\n", "configuration", "samples/s", "vs_base", "range");
+    std::printf("%-52s %12s %10s %16s  %s\n", "configuration", "samples/s", "vs_base", "range",
+                "note");
     nlohmann::json out_rows = nlohmann::json::array();
     for (const auto& r : rows) {
-      std::printf("%-60s %12.0f %9.2fx %8.0f-%-7.0f\n", r.name.c_str(), r.rate, r.rate / base,
-                  r.low, r.high);
+      std::printf("%-52s %12.0f %9.2fx %8.0f-%-7.0f  %s\n", r.name.c_str(), r.rate, r.rate / base,
+                  r.low, r.high, r.note.c_str());
       out_rows.push_back({{"configuration", r.name},
                           {"samples_per_s", r.rate},
                           {"slowest", r.low},
                           {"fastest", r.high}});
+      if (!r.note.empty()) {
+        out_rows.back()["note"] = r.note;
+      }
     }
     const double efficiency = two_threads / (2.0 * base);
     const double efficiency_zero1 = two_zero1 / (2.0 * base);

@@ -355,7 +355,7 @@ int main(int argc, char** argv) {
   // What OpenBLAS would need to use its proper kernels (for PyTorch's run too, if it uses it).
   const std::string coretype = bench::openblas_coretype_fix(env);
   if (!coretype.empty()) {
-    std::printf("# OpenBLAS picked %s kernels here: PyTorch runs with OPENBLAS_CORETYPE=%s\n",
+    std::printf("# OpenBLAS picked %s kernels here: PyTorch runs with %s\n",
                 env.openblas_core.c_str(), coretype.c_str());
   }
   std::printf("%-14s %8s %14s %10s  %s\n", "config", "threads", "samples/s", "vs torch", "note");
