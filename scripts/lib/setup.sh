@@ -51,3 +51,26 @@ strata_mpi_env() {
     export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
   fi
 }
+
+# STRATA_CPU_ISA=CLASS (baseline, avx2, avx512, avx512_bf16, amx; core/cpu_features.hpp) runs
+# the tests as on a CPU of that class: strata's own detection reads it, and the same cap is
+# given to oneDNN (ONEDNN_MAX_CPU_ISA) and OpenBLAS (OPENBLAS_CORETYPE, which it reads when it
+# loads) unless they are set already. Refuses a name that is not a class.
+strata_cpu_isa_env() {
+  local isa="${STRATA_CPU_ISA:-}" onednn openblas
+  case "$isa" in
+    ""|native) return 0 ;;
+    baseline) onednn=SSE41; openblas=Nehalem ;;
+    avx2) onednn=AVX2; openblas=Haswell ;;
+    avx512) onednn=AVX512_CORE_VNNI; openblas=SkylakeX ;;
+    avx512_bf16) onednn=AVX512_CORE_BF16; openblas=Cooperlake ;;
+    amx) onednn=AVX512_CORE_AMX; openblas=Cooperlake ;;
+    *)
+      echo "STRATA_CPU_ISA=$isa is not a CPU class: baseline, avx2, avx512, avx512_bf16, amx or native" >&2
+      exit 2
+      ;;
+  esac
+  export ONEDNN_MAX_CPU_ISA="${ONEDNN_MAX_CPU_ISA:-$onednn}"
+  export OPENBLAS_CORETYPE="${OPENBLAS_CORETYPE:-$openblas}"
+  echo "== STRATA_CPU_ISA=$isa: ONEDNN_MAX_CPU_ISA=$ONEDNN_MAX_CPU_ISA OPENBLAS_CORETYPE=$OPENBLAS_CORETYPE"
+}

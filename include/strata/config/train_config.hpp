@@ -37,6 +37,8 @@ enum class bucket_launch_kind { automatic, async, blocking };
 enum class resume_mode { automatic, required, never };
 // Who computes the layers' matrix products (model/gemm.hpp); auto chooses by the CPU.
 enum class gemm_kind { automatic, onednn, openblas, eigen };
+// Whether products of bfloat16 values run in bfloat16 (model::bf16_products_mode).
+enum class bf16_products_kind { automatic, on, off };
 // Which collectives the ranks fingerprint before data moves (comm::fingerprint_mode).
 enum class comm_fingerprint_kind { always, sampled, off };
 
@@ -87,6 +89,11 @@ struct enum_names<resume_mode> {
 template <>
 struct enum_names<gemm_kind> {
   static constexpr std::array<std::string_view, 4> names{"auto", "onednn", "openblas", "eigen"};
+};
+
+template <>
+struct enum_names<bf16_products_kind> {
+  static constexpr std::array<std::string_view, 3> names{"auto", "on", "off"};
 };
 
 template <>
@@ -166,6 +173,7 @@ struct train_config {
   std::int64_t prefetch_depth = 4;        // ready batches kept ahead of the step
   std::int64_t blas_threads = 0;          // GEMM threads of the process; 0 = its CPUs / its ranks
   gemm_kind gemm = gemm_kind::automatic;  // GEMM provider of the layers' products
+  bf16_products_kind bf16_products = bf16_products_kind::automatic;  // bfloat16 products
   bool augment = true;
   double loader_timeout = 60.0;  // seconds the step waits for one batch before failing
   sampler_remainder_kind sampler_remainder = sampler_remainder_kind::pad;
@@ -324,9 +332,16 @@ constexpr void visit_keys(Visitor&& v) {
             "OPENBLAS_NUM_THREADS or OMP_NUM_THREADS sets them."});
   v(enum_key<gemm_kind>{
       "gemm", &c::gemm,
-      "Who computes the layers' matrix products: auto = oneDNN, else an OpenBLAS whose kernels "
-      "match the CPU, else Eigen's own (the log names the choice, its kernels and its GFLOP/s, "
-      "and what it skipped); onednn, openblas or eigen force one."});
+      "Who computes the layers' matrix products: auto = the provider measured fastest on this "
+      "class of CPU (OpenBLAS on AMD's AVX2 cores, where its kernels match), else oneDNN, else "
+      "an OpenBLAS whose kernels match the CPU, else Eigen's own (the log names the choice, its "
+      "kernels and its GFLOP/s, and what it skipped); onednn, openblas or eigen force one."});
+  v(enum_key<bf16_products_kind>{
+      "bf16_products", &c::bf16_products,
+      "Under mixed_precision_dtype = bfloat16, whether the products multiply in bfloat16 "
+      "(oneDNN, float32 accumulation): auto = where the CPU has AMX-BF16; on = wherever oneDNN "
+      "can (refused at set-up where it cannot: not on oneDNN, or a CPU without AVX-512); off = "
+      "never (float32 products of the values rounded to bfloat16)."});
   v(bool_key{"augment", &c::augment, "Apply the example's augmentation chain to training data."});
   v(real_key{"loader_timeout", &c::loader_timeout, 0.0, 86400.0, true,
              "Seconds the step waits for one batch before the loader reports a stalled worker."});

@@ -21,6 +21,7 @@
 #include <iterator>
 #include <span>
 
+#include "strata/core/cpu_features.hpp"
 #include "strata/core/macros.hpp"
 
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__) && !defined(__CUDACC__)
@@ -233,8 +234,9 @@ __attribute__((target("avx512f"), noinline)) inline void philox4x32_round10_grou
 
 #pragma GCC diagnostic pop
 
+// AVX-512F where the CPU has it and STRATA_CPU_ISA leaves it (core/cpu_features.hpp).
 inline bool cpu_has_avx512f() noexcept {
-  static const bool yes = __builtin_cpu_supports("avx512f");
+  static const bool yes = detect_cpu_features().avx512;
   return yes;
 }
 #endif

@@ -22,13 +22,17 @@
 //               in every translation unit of a program.
 //
 // decide_gemm is the choice, a pure function of what the CPU can do and what the providers say
-// of themselves (gemm_environment), so tests give it made-up machines. "auto" takes oneDNN, then
-// an OpenBLAS whose kernels match the CPU, then Eigen (a slow OpenBLAS when the build has no
-// Eigen kernels); it never takes a fallback silently: what it skipped or why it is slow, and how
-// to fix it, are notes the trainer logs. A provider that is asked for by name
-// is used, with the same notes. The choice is by capability alone, so the same build on the same
-// machine always computes with the same kernels (resumed runs and N-rank equivalences rely on
-// it); measure_gemm times one product for the log.
+// of themselves (gemm_environment), so tests give it made-up machines. "auto" takes what the
+// table of measured CPU classes (gemm_table: OpenBLAS on AMD's AVX2 cores) names for the CPU,
+// else oneDNN, then an OpenBLAS whose kernels match the CPU, then Eigen (a slow OpenBLAS when
+// the build has no Eigen kernels); it never takes a fallback silently: what it skipped or why it
+// is slow, and how to fix it, are notes the trainer logs. A provider that is asked for by name
+// is used, with the same notes. The choice is by capability and the table, not by a timing at
+// start-up, so the same build on the same machine always computes with the same kernels (resumed
+// runs and N-rank equivalences rely on it); measure_gemm times one product for the log, and
+// measure_gemm_providers the step's product forms on each provider (the table's check).
+//
+// STRATA_CPU_ISA caps the CPU it sees (core/cpu_features.hpp) and oneDNN's kernels with it.
 //
 // The process has one current provider (use_gemm, gemm_scope); until something sets it, the
 // first product decides "auto". Threads: set_blas_threads (blas.hpp) sets OpenBLAS's pool and
@@ -42,6 +46,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <optional>
 #include <stdexcept>
@@ -199,8 +204,52 @@ inline std::string eigen_kernel(const gemm_environment& env) {
 
 }  // namespace detail
 
-// The provider for `requested` (nullopt: "auto") on `env`. Throws std::invalid_argument when a
-// requested provider is not in this build.
+// Which provider computes fastest on a class of CPU, as measured (bench_trainer's per-provider
+// limits; unit.model.dense_layers checks the row of the machine it runs on against a
+// measurement): a row per maker and range of classes, oneDNN where no row says otherwise. A
+// table and not a measurement at start-up, so that every run of a job on the same machine
+// computes with the same kernels (resumed runs and N-rank equivalences are bit-identical).
+struct gemm_table_row {
+  cpu_vendor vendor = cpu_vendor::other;
+  cpu_class from = cpu_class::baseline;  // the classes the row covers, inclusive
+  cpu_class to = cpu_class::amx;
+  gemm_provider first = gemm_provider::onednn;
+  const char* measured = "";  // what the row rests on
+};
+
+inline constexpr std::array<gemm_table_row, 2> gemm_table{{
+    {.vendor = cpu_vendor::amd,
+     .from = cpu_class::avx2,
+     .to = cpu_class::avx2,
+     .first = gemm_provider::openblas,
+     .measured = "AMD EPYC family 25 model 17 capped to AVX2 (OPENBLAS_CORETYPE=Haswell), 1 "
+                 "thread, the step's product forms at 256 x 512 x 512: OpenBLAS 107 GFLOP/s, "
+                 "oneDNN 2.6.3 (avx2) 80; at 256 x 1024 x 1024: 106 against 50. An EPYC with "
+                 "AVX2 only: the trainer on oneDNN at 71% of OpenBLAS's limit"},
+    {.vendor = cpu_vendor::amd,
+     .from = cpu_class::avx512,
+     .to = cpu_class::amx,
+     .first = gemm_provider::onednn,
+     .measured = "AMD EPYC family 25 model 17 (AVX-512, AVX512-BF16), 1 thread, the same "
+                 "forms: oneDNN 2.6.3 (avx512_core_bf16) 111 GFLOP/s, OpenBLAS (Cooperlake) 102"},
+}};
+
+// The table's provider for a CPU (onednn where no row covers it).
+inline gemm_provider gemm_table_choice(const cpu_features& cpu) {
+  const auto c = static_cast<int>(class_of(cpu));
+  for (const gemm_table_row& row : gemm_table) {
+    if (row.vendor == cpu.vendor && c >= static_cast<int>(row.from) &&
+        c <= static_cast<int>(row.to)) {
+      return row.first;
+    }
+  }
+  return gemm_provider::onednn;
+}
+
+// The provider for `requested` (nullopt: "auto") on `env`. "auto" takes the table's provider for
+// the CPU (gemm_table_choice) where the build has it (OpenBLAS only on kernels that match the
+// CPU), else oneDNN, then an OpenBLAS whose kernels match the CPU, then Eigen. Throws
+// std::invalid_argument when a requested provider is not in this build.
 inline gemm_decision decide_gemm(std::optional<gemm_provider> requested,
                                  const gemm_environment& env) {
   const std::string cpu = describe(env.cpu);
@@ -236,6 +285,15 @@ inline gemm_decision decide_gemm(std::optional<gemm_provider> requested,
         if (openblas_slow) {
           d.notes.push_back(openblas_note(true));
         }
+        if (const auto level = openblas_core_isa(env.openblas_core);
+            level && *level > widest_isa(env.cpu)) {
+          // Only under a cap (STRATA_CPU_ISA): OpenBLAS chose its kernels when it loaded.
+          d.notes.push_back("OpenBLAS runs its " + env.openblas_core + " kernels (" +
+                            to_string(*level) + "), wider than this " + cpu +
+                            " CPU as capped: set OPENBLAS_CORETYPE=" +
+                            std::string(cpu_class_openblas_core(class_of(env.cpu))) +
+                            " before the program starts");
+        }
         break;
       case gemm_provider::eigen:
         d.kernel = detail::eigen_kernel(env);
@@ -264,7 +322,12 @@ inline gemm_decision decide_gemm(std::optional<gemm_provider> requested,
     take(*requested);
     return d;
   }
-  if (env.onednn) {
+  // The table's first choice for this CPU where it is here (and OpenBLAS only on kernels that
+  // match the CPU), then oneDNN, then an OpenBLAS whose kernels match the CPU, then Eigen.
+  const gemm_provider first = gemm_table_choice(env.cpu);
+  if (first == gemm_provider::openblas && env.openblas && !openblas_slow) {
+    take(gemm_provider::openblas);
+  } else if (env.onednn) {
     take(gemm_provider::onednn);
   } else if (env.openblas && (!openblas_slow || !env.eigen)) {
     take(gemm_provider::openblas);  // a slow one only when there is nothing else, with its note
@@ -277,11 +340,55 @@ inline gemm_decision decide_gemm(std::optional<gemm_provider> requested,
   return d;
 }
 
-// What the providers in this process say of themselves, and the CPU.
+#if defined(STRATA_HAVE_ONEDNN)
+namespace detail {
+
+// STRATA_CPU_ISA caps oneDNN too (core/cpu_features.hpp), unless ONEDNN_MAX_CPU_ISA or
+// DNNL_MAX_CPU_ISA set a cap of their own: applied once, before oneDNN's first product or query
+// (later it cannot change).
+inline void cap_onednn_isa() {
+  static const bool done = [] {
+    const std::optional<cpu_class> cap = cpu_isa_cap();
+    const auto set = [](const char* name) {
+      const char* v = std::getenv(name);
+      return v != nullptr && *v != '\0';
+    };
+    if (!cap || set("ONEDNN_MAX_CPU_ISA") || set("DNNL_MAX_CPU_ISA")) {
+      return false;
+    }
+    dnnl_cpu_isa_t isa = dnnl_cpu_isa_all;
+    switch (*cap) {
+      case cpu_class::baseline:
+        isa = dnnl_cpu_isa_sse41;
+        break;
+      case cpu_class::avx2:
+        isa = dnnl_cpu_isa_avx2;
+        break;
+      case cpu_class::avx512:
+        isa = dnnl_cpu_isa_avx512_core_vnni;
+        break;
+      case cpu_class::avx512_bf16:
+        isa = dnnl_cpu_isa_avx512_core_bf16;
+        break;
+      case cpu_class::amx:
+        isa = dnnl_cpu_isa_avx512_core_amx;
+        break;
+    }
+    return dnnl_set_max_cpu_isa(isa) == dnnl_success;
+  }();
+  (void)done;
+}
+
+}  // namespace detail
+#endif
+
+// What the providers in this process say of themselves, and the CPU (capped by STRATA_CPU_ISA);
+// no speeds (measure_gemm_providers).
 inline gemm_environment detect_gemm_environment() {
   gemm_environment env{};
   env.cpu = detect_cpu_features();
 #if defined(STRATA_HAVE_ONEDNN)
+  detail::cap_onednn_isa();
   env.onednn = true;
   switch (dnnl_get_effective_cpu_isa()) {
     case dnnl_cpu_isa_sse41:
@@ -351,6 +458,7 @@ inline std::atomic<int>& gemm_omp_threads() {
 // process's count before its first product and after every change. libgomp comes with oneDNN;
 // it is looked up at run time so that nothing here is compiled with -fopenmp.
 inline void apply_omp_threads() {
+  cap_onednn_isa();
   thread_local int applied = 0;
   const int want = gemm_omp_threads().load(std::memory_order_relaxed);
   if (want <= 0 || want == applied) {
@@ -375,6 +483,7 @@ inline void use_gemm(gemm_provider p) {
   detail::gemm_current().store(static_cast<int>(p));
 }
 
+// Decides (nullopt: "auto") on this machine, makes the result current and returns it.
 // Decides (nullopt: "auto") on this machine, makes the result current and returns it.
 inline gemm_decision select_gemm(std::optional<gemm_provider> requested) {
   gemm_decision d = decide_gemm(requested, detect_gemm_environment());
@@ -460,7 +569,17 @@ inline bf16_products_mode bf16_products_setting() {
   return static_cast<bf16_products_mode>(detail::bf16_products_setting().load());
 }
 
-// Whether provider p multiplies bfloat16 inputs in bfloat16 under the current mode.
+// Whether this build and CPU can multiply bfloat16 inputs in bfloat16: oneDNN is compiled in
+// and makes a bfloat16 matmul here (oneDNN 2.6 has one from AVX-512 on, emulating the bfloat16
+// units a CPU without AVX512-BF16 lacks; under a cap, STRATA_CPU_ISA or ONEDNN_MAX_CPU_ISA, what
+// the cap leaves). Asked of oneDNN once per process (defined below).
+inline bool bf16_products_supported();
+
+// Why bfloat16 products cannot run here and what would work, for errors (defined below).
+inline std::string bf16_products_refusal();
+
+// Whether provider p multiplies bfloat16 inputs in bfloat16 under the current mode (on where
+// they are not supported: gemm_on refuses, the trainer refuses the configuration first).
 inline bool bf16_products(gemm_provider p) {
   if (p != gemm_provider::onednn || !gemm_compiled(p)) {
     return false;
@@ -739,6 +858,30 @@ inline void onednn_matmul(bool bf16, gemm_options t, std::int64_t m, std::int64_
   cache::check(status, "execute");
 }
 
+// Whether oneDNN creates a bfloat16 matmul (16 x 16 x 16) on this CPU, under its cap.
+inline bool onednn_has_bf16_matmul() {
+  cap_onednn_isa();
+  dnnl_engine_t engine = nullptr;
+  if (dnnl_engine_create(&engine, dnnl_cpu, 0) != dnnl_success) {
+    return false;
+  }
+  const dnnl_dims_t dims{16, 16};
+  const dnnl_dims_t strides{16, 1};
+  dnnl_memory_desc_t in_md;
+  dnnl_memory_desc_t out_md;
+  dnnl_matmul_desc_t desc;
+  dnnl_primitive_desc_t pd = nullptr;
+  bool ok = dnnl_memory_desc_init_by_strides(&in_md, 2, dims, dnnl_bf16, strides) == dnnl_success &&
+            dnnl_memory_desc_init_by_strides(&out_md, 2, dims, dnnl_f32, strides) == dnnl_success &&
+            dnnl_matmul_desc_init(&desc, &in_md, &in_md, nullptr, &out_md) == dnnl_success &&
+            dnnl_primitive_desc_create(&pd, &desc, nullptr, engine, nullptr) == dnnl_success;
+  if (pd != nullptr) {
+    dnnl_primitive_desc_destroy(pd);
+  }
+  dnnl_engine_destroy(engine);
+  return ok;
+}
+
 inline void onednn_bf16_gemm(gemm_options t, std::int64_t m, std::int64_t n, std::int64_t k,
                              float alpha, const float* a, std::int64_t lda, const float* b,
                              std::int64_t ldb, float beta, float* c, std::int64_t ldc) {
@@ -784,6 +927,10 @@ inline void gemm_on(gemm_provider p, gemm_options t, std::size_t m, std::size_t 
 #if defined(STRATA_HAVE_ONEDNN)
     {
       if (t.bfloat16_inputs && bf16_products(p)) {
+        if (!bf16_products_supported()) {
+          throw std::invalid_argument("gemm: bfloat16 products are on (bf16_products = on), but " +
+                                      bf16_products_refusal());
+        }
         detail::onednn_bf16_gemm(t, i(m), i(n), i(k), alpha, a, i(lda), b, i(ldb), beta, c, i(ldc));
         return;
       }
@@ -919,6 +1066,57 @@ inline double measure_gemm(gemm_provider p, std::size_t m, std::size_t n, std::s
   return detail::best_gflops(m, n, k, budget, [&](const float* a, const float* b, float* c) {
     gemm_on(p, {}, m, n, k, 1.0f, a, k, b, n, 0.0f, c, n);
   });
+}
+
+inline bool bf16_products_supported() {
+#if defined(STRATA_HAVE_ONEDNN)
+  static const bool yes = detail::onednn_has_bf16_matmul();
+  return yes;
+#else
+  return false;
+#endif
+}
+
+inline std::string bf16_products_refusal() {
+  if (!gemm_compiled(gemm_provider::onednn)) {
+    return "this build has no oneDNN, which computes bfloat16 products (Debian: libdnnl-dev; "
+           "reconfigure with -DSTRATA_USE_ONEDNN=ON); bf16_products = auto or off multiplies the "
+           "values rounded to bfloat16 in float32";
+  }
+  const gemm_environment env = detect_gemm_environment();
+  return "oneDNN " + env.onednn_version + " has no bfloat16 matmul on this CPU (" +
+         describe(env.cpu) + "; its kernels: " + env.onednn_isa +
+         "): bfloat16 products need AVX-512 (in hardware with AVX512-BF16 or AMX-BF16); "
+         "bf16_products = auto or off multiplies the values rounded to bfloat16 in float32";
+}
+
+// GFLOP/s of each provider this build has (index: gemm_provider; 0 for the others) on the
+// three product forms of a layer's step at 256 x 512 x 512 (forward x * W^T, input gradient
+// dy * W, weight gradient dy^T * x), with the threads set at the time: the best of repeats
+// within `budget` shared between the providers. For the log and the table's check.
+inline std::array<double, 3> measure_gemm_providers(
+    std::chrono::milliseconds budget = std::chrono::milliseconds(45)) {
+  constexpr std::size_t batch = 256;
+  constexpr std::size_t width = 512;
+  std::array<double, 3> out{};
+  const std::vector<gemm_provider> providers = available_gemm_providers();
+  const auto each = budget / static_cast<int>(std::max<std::size_t>(providers.size(), 1));
+  std::vector<float> dx(batch * width);
+  std::vector<float> dw(width * width);
+  for (const gemm_provider p : providers) {
+    // best_gflops times y = x * W (batch x width x width, its a, b, c); dx = y * W and
+    // dW = y^T * x run with it, the same size each.
+    const double rate = detail::best_gflops(
+        batch, width, width, each, [&](const float* x, const float* w, float* y) {
+          gemm_on(p, {.transpose_b = true}, batch, width, width, 1.0f, x, width, w, width, 0.0f, y,
+                  width);
+          gemm_on(p, {}, batch, width, width, 1.0f, y, width, w, width, 0.0f, dx.data(), width);
+          gemm_on(p, {.transpose_a = true}, width, width, batch, 1.0f, y, width, x, width, 0.0f,
+                  dw.data(), width);
+        });
+    out[static_cast<std::size_t>(p)] = rate * 3.0;  // three products of the timed size
+  }
+  return out;
 }
 
 inline const bf16_probe_result& bf16_products_probe() {

@@ -18,6 +18,7 @@
 
 #include "strata/config/train_config.hpp"
 #include "strata/core/cpu_features.hpp"
+#include "strata/core/dtype.hpp"
 #include "strata/core/error.hpp"
 #include "strata/model/blas.hpp"
 #include "strata/model/gemm.hpp"
@@ -48,14 +49,80 @@ inline model::gemm_decision choose_gemm(const config::train_config& cfg) {
   }
 }
 
+// bf16_products: the process's mode when the key names one (auto leaves it as it is: a program
+// may set model::set_bf16_products itself), and a config_error naming the key when the mode in
+// force asks for bfloat16 products that this build, CPU or provider cannot give.
+inline void set_up_bf16_products(const config::train_config& cfg, model::gemm_provider provider) {
+  switch (cfg.bf16_products) {
+    case config::bf16_products_kind::on:
+      model::set_bf16_products(model::bf16_products_mode::on);
+      break;
+    case config::bf16_products_kind::off:
+      model::set_bf16_products(model::bf16_products_mode::off);
+      break;
+    case config::bf16_products_kind::automatic:
+      break;
+  }
+  if (model::bf16_products_setting() != model::bf16_products_mode::on) {
+    return;
+  }
+  if (!model::bf16_products_supported()) {
+    throw config_error({.key = "bf16_products"}, "\"on\": " + model::bf16_products_refusal());
+  }
+  if (provider != model::gemm_provider::onednn) {
+    throw config_error({.key = "bf16_products"},
+                       std::string("\"on\": bfloat16 products run on oneDNN, and gemm chose ") +
+                           model::to_string(provider) +
+                           "; set gemm = onednn with it, or bf16_products = auto or off");
+  }
+}
+
 // The GEMM's provider (choose_gemm) and threads, for the whole process: blas_threads when set,
-// else the environment's, else the usable CPUs shared by `ranks_sharing_cpus` ranks.
+// else the environment's, else the usable CPUs shared by `ranks_sharing_cpus` ranks (set first:
+// "auto" measures the providers on them). Before anything: STRATA_CPU_ISA must name a class this
+// CPU has (check_cpu_isa_cap), and bf16_products what can run (set_up_bf16_products).
 inline model::gemm_decision set_up_gemm(const config::train_config& cfg, int ranks_sharing_cpus) {
-  model::gemm_decision d = choose_gemm(cfg);
+  check_cpu_isa_cap();
   if (cfg.blas_threads != 0) {
     model::set_blas_threads(static_cast<int>(cfg.blas_threads));
   } else if (!model::blas_threads_from_environment()) {
     model::set_blas_threads(model::automatic_blas_threads(ranks_sharing_cpus));
+  }
+  model::gemm_decision d = choose_gemm(cfg);
+  const bool bf16_on = cfg.bf16_products == config::bf16_products_kind::on ||
+                       (cfg.bf16_products == config::bf16_products_kind::automatic &&
+                        model::bf16_products_setting() == model::bf16_products_mode::on);
+  if (bf16_on && cfg.gemm == config::gemm_kind::automatic &&
+      d.provider != model::gemm_provider::onednn &&
+      model::gemm_compiled(model::gemm_provider::onednn) && model::bf16_products_supported()) {
+    const std::string measured = model::to_string(d.provider);
+    d = model::select_gemm(model::gemm_provider::onednn);
+    d.notes.push_back("auto: oneDNN, which bf16_products = on needs (" + measured +
+                      " on this CPU otherwise)");
+  }
+  set_up_bf16_products(cfg, d.provider);
+  return d;
+}
+
+// The same on a rank of `comm` (null: one rank). With gemm = auto the ranks then take rank 0's
+// provider: ranks on machines of different CPUs may choose differently, and ranks that compute
+// with different kernels do not stay bit-identical (a collective: every rank of comm calls it
+// once).
+template <class Comm>
+model::gemm_decision set_up_gemm(const config::train_config& cfg, Comm* comm) {
+  model::gemm_decision d = set_up_gemm(cfg, comm != nullptr ? comm->ranks_sharing_cpus() : 1);
+  if (comm == nullptr || comm->size() < 2 || cfg.gemm != config::gemm_kind::automatic) {
+    return d;
+  }
+  float chosen = static_cast<float>(static_cast<int>(d.provider));
+  comm->broadcast(&chosen, 1, dtype::float32, 0);
+  const auto rank0 = static_cast<model::gemm_provider>(static_cast<int>(chosen));
+  if (rank0 != d.provider) {
+    const std::string own = model::to_string(d.provider);
+    d = model::select_gemm(rank0);
+    d.notes.push_back("auto: rank 0 chose " + std::string(model::to_string(rank0)) +
+                      ", which every rank uses (this rank's CPU would take " + own + ")");
+    set_up_bf16_products(cfg, d.provider);
   }
   return d;
 }

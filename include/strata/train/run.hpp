@@ -52,11 +52,25 @@
 namespace strata::train {
 
 // Keys a continued run may change (see the header comment).
-inline constexpr std::array<std::string_view, 18> continuable_keys{
-    "epochs",    "data_dir",       "loader_workers",  "prefetch_depth",   "blas_threads",
-    "gemm",      "loader_timeout", "checkpoint_dir",  "checkpoint_keep",  "checkpoint_interval",
-    "resume",    "run_name",       "max_steps",       "max_eval_samples", "metrics_file",
-    "log_every", "comm_timeout",   "comm_fingerprint"};
+inline constexpr std::array<std::string_view, 19> continuable_keys{"epochs",
+                                                                   "data_dir",
+                                                                   "loader_workers",
+                                                                   "prefetch_depth",
+                                                                   "blas_threads",
+                                                                   "gemm",
+                                                                   "bf16_products",
+                                                                   "loader_timeout",
+                                                                   "checkpoint_dir",
+                                                                   "checkpoint_keep",
+                                                                   "checkpoint_interval",
+                                                                   "resume",
+                                                                   "run_name",
+                                                                   "max_steps",
+                                                                   "max_eval_samples",
+                                                                   "metrics_file",
+                                                                   "log_every",
+                                                                   "comm_timeout",
+                                                                   "comm_fingerprint"};
 
 inline bool is_continuable_key(std::string_view key) noexcept {
   return std::find(continuable_keys.begin(), continuable_keys.end(), key) != continuable_keys.end();
@@ -397,9 +411,9 @@ inline std::optional<std::filesystem::path> set_aside(const std::filesystem::pat
 // Keys that may differ between the ranks of one job: where this rank reads data and writes its
 // metrics, how its loader and GEMM use its machine, how it shows progress, and how long it
 // waits. Every other key, and the model, must be the same on every rank.
-inline constexpr std::array<std::string_view, 9> per_rank_keys{
-    "data_dir",       "loader_workers", "prefetch_depth", "blas_threads", "gemm",
-    "loader_timeout", "metrics_file",   "log_every",      "comm_timeout"};
+inline constexpr std::array<std::string_view, 10> per_rank_keys{
+    "data_dir",      "loader_workers", "prefetch_depth", "blas_threads", "gemm",
+    "bf16_products", "loader_timeout", "metrics_file",   "log_every",    "comm_timeout"};
 
 // Throws config_error on every rank when the ranks of `comm` were started with different
 // settings (outside per_rank_keys) or a different model (tensors, shapes, policies): each key's

@@ -322,7 +322,10 @@ std::vector<model::layer_range> rank_layers_of(const Model& m, const config::tra
         std::sort(all.begin(), all.end());
         all.erase(std::unique(all.begin(), all.end()), all.end());
         for (const auto& [first, last] : all) {
-          *split += (split->empty() ? "" : ",") + std::to_string(last - first);
+          if (!split->empty()) {
+            *split += ',';
+          }
+          *split += std::to_string(last - first);
         }
       }
       return Executor::rank_layers(outline, cfg, world, rank);

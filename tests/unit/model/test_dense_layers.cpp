@@ -28,6 +28,7 @@
 #include "strata/core/rng.hpp"
 #include "strata/core/shape.hpp"
 #include "strata/model/concepts.hpp"
+#include "unit/common/needs.hpp"
 #include "unit/model/gradient_check.hpp"
 
 namespace {
@@ -1263,6 +1264,93 @@ bool has_note(const sm::gemm_decision& d, std::initializer_list<std::string_view
 
 }  // namespace
 
+TEST_CASE("gemm: auto takes the table's provider for the CPU's maker and class where it fits") {
+  using strata::cpu_vendor;
+  using strata::isa_level;
+  const strata::cpu_features zen_avx2{.avx2 = true, .vendor = cpu_vendor::amd};
+  const strata::cpu_features zen4{
+      .avx2 = true, .avx512 = true, .avx512_bf16 = true, .vendor = cpu_vendor::amd};
+  const strata::cpu_features haswell{.avx2 = true, .vendor = cpu_vendor::intel};
+  CHECK(sm::gemm_table_choice(zen_avx2) == sm::gemm_provider::openblas);
+  CHECK(sm::gemm_table_choice(zen4) == sm::gemm_provider::onednn);
+  CHECK(sm::gemm_table_choice(haswell) == sm::gemm_provider::onednn);
+  // AMD with AVX2: OpenBLAS on its matching kernels, before oneDNN.
+  const auto a =
+      sm::decide_gemm(std::nullopt, fake_machine(zen_avx2, true, "Zen", isa_level::avx2));
+  CHECK(a.provider == sm::gemm_provider::openblas);
+  CHECK(a.notes.empty());
+  CHECK(sm::decide_gemm(std::nullopt, fake_machine(zen_avx2, true, "Haswell", isa_level::avx2))
+            .provider == sm::gemm_provider::openblas);
+  // ... never on a fallback OpenBLAS picked: oneDNN then, as elsewhere.
+  CHECK(sm::decide_gemm(std::nullopt, fake_machine(zen_avx2, true, "Prescott", isa_level::avx2))
+            .provider == sm::gemm_provider::onednn);
+  // ... and not where the build has no OpenBLAS.
+  auto no_blas = fake_machine(zen_avx2, true, "Zen", isa_level::avx2);
+  no_blas.openblas = false;
+  no_blas.openblas_core.clear();
+  CHECK(sm::decide_gemm(std::nullopt, no_blas).provider == sm::gemm_provider::onednn);
+  // Zen 4 and Intel: oneDNN.
+  CHECK(sm::decide_gemm(std::nullopt, fake_machine(zen4, true, "Cooperlake", isa_level::avx512))
+            .provider == sm::gemm_provider::onednn);
+  CHECK(sm::decide_gemm(std::nullopt, fake_machine(haswell, true, "Haswell", isa_level::avx2))
+            .provider == sm::gemm_provider::onednn);
+  // Every row says what it rests on.
+  for (const sm::gemm_table_row& row : sm::gemm_table) {
+    CHECK(std::string_view(row.measured).size() > 20);
+  }
+}
+
+TEST_CASE("STRATA_CPU_ISA caps the CPU strata sees to a class, and a wrong one is refused") {
+  using strata::cpu_class;
+  const strata::cpu_features amx_cpu{.avx2 = true,
+                                     .avx512 = true,
+                                     .avx512_bf16 = true,
+                                     .avx512_fp16 = true,
+                                     .amx_bf16 = true,
+                                     .amx_fp16 = true,
+                                     .vendor = strata::cpu_vendor::intel};
+  CHECK(strata::class_of(amx_cpu) == cpu_class::amx);
+  CHECK(strata::capped(amx_cpu, cpu_class::amx) == amx_cpu);
+  const auto bf16 = strata::capped(amx_cpu, cpu_class::avx512_bf16);
+  CHECK(strata::class_of(bf16) == cpu_class::avx512_bf16);
+  CHECK_FALSE(bf16.avx512_fp16);
+  CHECK_FALSE(bf16.amx_bf16);
+  const auto avx512 = strata::capped(amx_cpu, cpu_class::avx512);
+  CHECK(strata::class_of(avx512) == cpu_class::avx512);
+  CHECK_FALSE(avx512.avx512_bf16);
+  const auto avx2 = strata::capped(amx_cpu, cpu_class::avx2);
+  CHECK(avx2 == strata::cpu_features{.avx2 = true, .vendor = strata::cpu_vendor::intel});
+  CHECK(strata::class_of(strata::capped(amx_cpu, cpu_class::baseline)) == cpu_class::baseline);
+  // A cap never adds units.
+  CHECK(strata::capped(strata::cpu_features{.avx2 = true}, cpu_class::amx) ==
+        strata::cpu_features{.avx2 = true});
+  for (std::size_t i = 0; i < strata::cpu_class_names.size(); ++i) {
+    CHECK(strata::parse_cpu_class(strata::cpu_class_names[i]) == static_cast<cpu_class>(i));
+  }
+  CHECK_FALSE(strata::parse_cpu_class("avx512bf16").has_value());
+  CHECK(strata::cpu_class_openblas_core(cpu_class::avx2) == "Haswell");
+  CHECK(strata::cpu_class_onednn_isa(cpu_class::avx2) == "AVX2");
+  // Refusals name the key, what the CPU has and what would work.
+  const strata::cpu_features zen4{.avx2 = true, .avx512 = true, .avx512_bf16 = true};
+  CHECK_NOTHROW(strata::check_cpu_isa_cap("", zen4));
+  CHECK_NOTHROW(strata::check_cpu_isa_cap("native", zen4));
+  CHECK_NOTHROW(strata::check_cpu_isa_cap("avx2", zen4));
+  CHECK_NOTHROW(strata::check_cpu_isa_cap("avx512_bf16", zen4));
+  CHECK_THROWS_WITH_AS(strata::check_cpu_isa_cap("amx", zen4),
+                       doctest::Contains("use one of baseline, avx2, avx512, avx512_bf16, or "
+                                         "native"),
+                       strata::config_error);
+  CHECK_THROWS_WITH_AS(strata::check_cpu_isa_cap("avx-2", zen4),
+                       doctest::Contains("STRATA_CPU_ISA"), strata::config_error);
+  // This process: what it sees is the hardware capped by the environment's class, if any.
+  const auto cap = strata::cpu_isa_cap();
+  const auto hw = strata::detect_cpu_hardware();
+  CHECK(strata::detect_cpu_features() == (cap ? strata::capped(hw, *cap) : hw));
+  if (cap) {
+    MESSAGE("this run is capped to STRATA_CPU_ISA=" << strata::to_string(*cap));
+  }
+}
+
 TEST_CASE("gemm: auto takes oneDNN, then an OpenBLAS whose kernels fit the CPU, then Eigen") {
   using strata::isa_level;
   const strata::cpu_features avx512{.avx2 = true, .avx512 = true};
@@ -1523,12 +1611,40 @@ TEST_CASE(
   }
 }
 
-TEST_CASE("gemm: bfloat16 inputs multiply in bfloat16 on oneDNN, accumulated in float32") {
+TEST_CASE("gemm: bfloat16 products only on oneDNN, and refused in words where it has none") {
+  struct restore {
+    ~restore() { sm::set_bf16_products(sm::bf16_products_mode::automatic); }
+  } restore_mode;
+  sm::set_bf16_products(sm::bf16_products_mode::on);
   CHECK_FALSE(sm::bf16_products(sm::gemm_provider::openblas));
   CHECK_FALSE(sm::bf16_products(sm::gemm_provider::eigen));
-  if (!sm::gemm_compiled(sm::gemm_provider::onednn)) {
+  CHECK(sm::bf16_products(sm::gemm_provider::onednn) ==
+        sm::gemm_compiled(sm::gemm_provider::onednn));
+  if (sm::bf16_products_supported()) {
+    CHECK(sm::gemm_compiled(sm::gemm_provider::onednn));
+    CHECK(sm::bf16_products_refusal().find("has no bfloat16 matmul") != std::string::npos);
     return;
   }
+  // Forced on where oneDNN cannot: a refusal naming what the CPU has and what would work, never
+  // oneDNN's status code.
+  const std::string why = sm::bf16_products_refusal();
+  CHECK(why.find("bf16_products = auto or off") != std::string::npos);
+  if (!sm::gemm_compiled(sm::gemm_provider::onednn)) {
+    CHECK(why.find("libdnnl-dev") != std::string::npos);
+    return;
+  }
+  CHECK(why.find("has no bfloat16 matmul on this CPU (") != std::string::npos);
+  std::vector<float> a(16, 1.0f);
+  std::vector<float> c(16);
+  CHECK_THROWS_WITH_AS(sm::gemm_on(sm::gemm_provider::onednn, {.bfloat16_inputs = true}, 4, 4, 4,
+                                   1.0f, a.data(), 4, a.data(), 4, 0.0f, c.data(), 4),
+                       doctest::Contains("bf16_products = on"), std::invalid_argument);
+}
+
+STRATA_TEST_CASE_NEEDING(
+    "gemm: bfloat16 inputs multiply in bfloat16 on oneDNN, accumulated in "
+    "float32",
+    sm::bf16_products_supported(), sm::bf16_products_refusal()) {
   struct restore {
     ~restore() { sm::set_bf16_products(sm::bf16_products_mode::automatic); }
   } restore_mode;
@@ -1624,6 +1740,40 @@ TEST_CASE("gemm: bfloat16 inputs multiply in bfloat16 on oneDNN, accumulated in 
   }
   for (std::size_t i = 0; i < y_on.size(); ++i) {
     CHECK(y_on[i] == doctest::Approx(y_off[i]).epsilon(1e-5));
+  }
+}
+
+TEST_SUITE("timing") {
+  // The table's row for this machine, against a measurement: the provider "auto" takes computes
+  // the step's product forms within 10% of the fastest provider here (the best of three
+  // measurements, 1 thread).
+  TEST_CASE("gemm: the provider auto takes here is within 10% of the fastest one measured") {
+    const std::vector<sm::gemm_provider> providers = sm::available_gemm_providers();
+    if (providers.size() < 2) {
+      MESSAGE("one GEMM provider in this build: nothing to choose between");
+      CHECK(sm::decide_gemm(std::nullopt, sm::detect_gemm_environment()).provider ==
+            providers.front());
+      return;
+    }
+    sm::set_blas_threads(1);
+    const sm::gemm_provider chosen =
+        sm::decide_gemm(std::nullopt, sm::detect_gemm_environment()).provider;
+    double share = 0.0;
+    std::string measured;
+    for (int attempt = 0; attempt < 3 && share < 0.9; ++attempt) {
+      const auto speeds = sm::measure_gemm_providers(std::chrono::milliseconds(600));
+      const double best = *std::max_element(speeds.begin(), speeds.end());
+      share = std::max(share, speeds[static_cast<std::size_t>(chosen)] / best);
+      measured.clear();
+      for (const sm::gemm_provider p : providers) {
+        measured += std::string(sm::to_string(p)) + " " +
+                    std::to_string(speeds[static_cast<std::size_t>(p)]) + " GFLOP/s; ";
+      }
+    }
+    CAPTURE(measured);
+    CAPTURE(sm::to_string(chosen));
+    CAPTURE(strata::describe(strata::detect_cpu_features()));
+    CHECK(share >= 0.9);
   }
 }
 

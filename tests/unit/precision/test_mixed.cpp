@@ -24,6 +24,7 @@
 #include "strata/train/trainer.hpp"
 
 #include "../common/blobs.hpp"
+#include "unit/common/needs.hpp"
 
 namespace fs = std::filesystem;
 namespace sd = strata::data;
@@ -245,20 +246,17 @@ TEST_CASE("sequential stores activations and input gradients in the storage type
   CHECK(differs);  // the rounding is real
 }
 
-TEST_CASE("bfloat16 training keeps float32 master weights and learns like float32") {
+namespace {
+
+// bfloat16 training against float32 under each of `modes` (the second, if any, compared with
+// the first step by step).
+void check_bf16_training(const std::vector<strata::model::bf16_products_mode>& modes) {
   auto cfg = base_config("bf16");
   const blobs train{.n = 512};
   const blobs test{.n = 256, .salt = 1};
   st::trainer<decltype(small_model()), sp::fp32> full(small_model(), cfg,
                                                       {.print_progress = false});
   const st::fit_summary f = full.fit(train, sd::identity{}, test, sd::identity{});
-
-  // Emulated (float32 products on bfloat16 values), and with oneDNN's bfloat16 products where
-  // the build has oneDNN (forced on: this CPU may emulate the units it lacks).
-  std::vector<strata::model::bf16_products_mode> modes{strata::model::bf16_products_mode::off};
-  if (strata::model::gemm_compiled(strata::model::gemm_provider::onednn)) {
-    modes.push_back(strata::model::bf16_products_mode::on);
-  }
   struct restore {
     ~restore() { strata::model::set_bf16_products(strata::model::bf16_products_mode::automatic); }
   } restore_mode;
@@ -301,6 +299,55 @@ TEST_CASE("bfloat16 training keeps float32 master weights and learns like float3
       CHECK(losses[0] == doctest::Approx(first_losses[0]).epsilon(1e-2));
       CHECK(losses.back() == doctest::Approx(first_losses.back()).epsilon(0.2));
     }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("bfloat16 training keeps float32 master weights and learns like float32") {
+  // Emulated: float32 products on bfloat16 values.
+  check_bf16_training({strata::model::bf16_products_mode::off});
+}
+
+// With oneDNN's bfloat16 products (forced on: this CPU may emulate the units it lacks), against
+// the emulated products.
+STRATA_TEST_CASE_NEEDING(
+    "bfloat16 training on oneDNN's bfloat16 products learns like the "
+    "emulated products",
+    strata::model::bf16_products_supported(), strata::model::bf16_products_refusal()) {
+  check_bf16_training(
+      {strata::model::bf16_products_mode::off, strata::model::bf16_products_mode::on});
+}
+
+TEST_CASE("bf16_products = on that cannot run is a config_error naming the key, before training") {
+  namespace sm = strata::model;
+  struct restore {
+    ~restore() { sm::set_bf16_products(sm::bf16_products_mode::automatic); }
+  } restore_mode;
+  auto cfg = base_config("bf16_refused");
+  cfg.mixed_precision_dtype = strata::config::precision_dtype::bfloat16;
+  cfg.bf16_products = strata::config::bf16_products_kind::on;
+  using half_trainer = st::trainer<decltype(small_model()), sp::bf16>;
+  if (!sm::bf16_products_supported()) {
+    // This CPU or build (or its cap, STRATA_CPU_ISA): the reason and what would work.
+    CHECK_THROWS_WITH_AS(half_trainer(small_model(), cfg, {.print_progress = false}),
+                         doctest::Contains("bf16_products = auto or off"), strata::config_error);
+    try {
+      half_trainer t(small_model(), cfg, {.print_progress = false});
+    } catch (const strata::config_error& e) {
+      CHECK(e.key() == "bf16_products");
+    }
+  } else {
+    // On oneDNN it runs, and gemm = auto takes oneDNN for it.
+    half_trainer t(small_model(), cfg, {.print_progress = false});
+    CHECK(sm::current_gemm() == sm::gemm_provider::onednn);
+    CHECK(sm::bf16_products(sm::current_gemm()));
+  }
+  // Another provider named with it is refused, whatever the CPU.
+  if (sm::gemm_compiled(sm::gemm_provider::openblas)) {
+    cfg.gemm = strata::config::gemm_kind::openblas;
+    CHECK_THROWS_WITH_AS(half_trainer(small_model(), cfg, {.print_progress = false}),
+                         doctest::Contains("bf16_products"), strata::config_error);
   }
 }
 
