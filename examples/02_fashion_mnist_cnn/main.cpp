@@ -62,10 +62,10 @@ int main(int argc, char** argv) {
             sd::load_fashion_mnist(cfg.data_dir, sd::fashion_mnist_split::test);
         // The batch, precision and parallel policies follow the configuration (adaptive_batch,
         // gradient_accumulation_steps, mixed_precision_dtype, world_size,
-        // communication_backend). With more than one rank it compiles in data<all_reduce> only:
-        // 12 trainer types rather than example 01's 42.
+        // communication_backend). With more than one rank it compiles in data<all_reduce> only
+        // (the default menu, strata::train::parallel_menus::data_parallel): 12 trainer types.
         // snippet-begin: configured
-        constexpr auto menu = strata::train::data_parallel_menu::all_reduce_only;
+        using menu = strata::train::parallel_menu<strata::parallel::data<>>;
         return strata::train::train_as_configured<menu>(make_cnn(), cfg, [&](auto& run) {
           strata::train::attach_gradient_fault(run);  // the fault suite's STRATA_GRADIENT_FAULT
           if (run.rank() == 0) {

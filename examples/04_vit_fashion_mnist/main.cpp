@@ -72,7 +72,7 @@ int main(int argc, char** argv) {
             sd::load_fashion_mnist(cfg.data_dir, sd::fashion_mnist_split::test);
         // One rank, or the mesh's policy: data<>, pipeline<one_f_one_b>, tensor<data<>> or
         // tensor<pipeline<one_f_one_b>> (strata::train::data_parallel_menu::mesh).
-        return examples::train_as_configured<examples::data_parallel_menu::mesh>(
+        return examples::train_as_configured<examples::parallel_menus::mesh>(
             make_vit(), cfg, [&](auto& run) {
               if (run.rank() == 0) {
                 std::printf(

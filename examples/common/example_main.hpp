@@ -68,10 +68,10 @@ inline void print_summary(const strata::train::fit_summary& s,
 }
 
 // The library's train_as_configured (strata/train/configured.hpp: the trainer the configuration
-// names, over threads or MPI), with what the examples add: every trainer takes the fault suite's
-// STRATA_GRADIENT_FAULT (train/gradient_fault.hpp), and in an MPI job only rank 0 prints the
-// summary. Example 01 compiles every data-parallel policy, example 02 data<all_reduce> only.
-using strata::train::data_parallel_menu;
+// names, over threads or MPI, among the policies a program lists), with what the examples add:
+// every trainer takes the fault suite's STRATA_GRADIENT_FAULT (train/gradient_fault.hpp), and in
+// an MPI job only rank 0 prints the summary.
+namespace parallel_menus = strata::train::parallel_menus;
 
 // What every example does to a trainer before training: the fault suite's gradient fault, and
 // under MPI the summary printed by rank 0 alone.
@@ -83,14 +83,16 @@ void prepare(Trainer& run, const strata::config::train_config& cfg) {
   }
 }
 
-template <data_parallel_menu Menu = data_parallel_menu::every_policy, class Model, class Train>
+template <class ParallelMenu = parallel_menus::data_parallel,
+          class PrecisionMenu = strata::train::every_precision, class Model, class Train>
 strata::train::fit_summary train_as_configured(const Model& model,
                                                const strata::config::train_config& cfg,
                                                Train&& train) {
-  return strata::train::train_as_configured<Menu>(model, cfg, [&](auto& run) {
-    prepare(run, cfg);
-    return train(run);
-  });
+  return strata::train::train_as_configured<ParallelMenu, PrecisionMenu>(model, cfg,
+                                                                         [&](auto& run) {
+                                                                           prepare(run, cfg);
+                                                                           return train(run);
+                                                                         });
 }
 
 // Parses the command line (with `config_name` beside the binary as the default file) and runs

@@ -3,31 +3,40 @@
 
 // The trainer a configuration names: policies are compile-time choices, so a program that picks
 // them from a config file (or the command line) compiles every trainer type it may need and
-// runs the one the values name. train_as_configured does that for the shipped policies:
+// runs the one the values name. train_as_configured does that for the policies a program lists:
 //
 //   const strata::config::train_config cfg = ...;            // read_config_file, cli, ...
 //   strata::train::fit_summary s = strata::train::train_as_configured(model, cfg,
 //       [&](auto& run) { return run.fit(train, augment, test, test_transform); });
 //
+//   // Which parallel policies (for world_size > 1) and precisions the program compiles in:
+//   using menu = strata::train::parallel_menu<strata::parallel::data<>,
+//                                             strata::parallel::pipeline<strata::pipeline::gpipe>>;
+//   strata::train::train_as_configured<menu,
+//   strata::train::precision_menu<strata::precision::fp32>>(
+//       model, cfg, train);
+//
 //   - batch: batch::adaptive when adaptive_batch is on, else batch::accumulate (with
 //     gradient_accumulation_steps = 1 that is a fixed batch);
-//   - precision: precision::fp32, fp16 or bf16 by mixed_precision_dtype (with_precision_policy);
-//   - parallel: world_size 1 is parallel::single_rank; more is the data-parallel policy
-//     with_data_policy names, or with pipeline_parallel_size > 1 (every_policy menu) the
-//     pipeline with_pipeline_policy names, or (mesh menu) the dp x tp x pp layout's policy
-//     (tensor_parallel_size > 1: parallel::tensor<...>), over communication_backend: `threads` runs
-//     world_size ranks as threads of this process (rank 0's summary is returned), `mpi` makes
-//     this process one rank of mpiexec's job (where the program links strata::mpi, which defines
-//     STRATA_HAVE_MPI).
+//   - precision: precision::fp32, fp16 or bf16 by mixed_precision_dtype (with_precision_policy),
+//     among the PrecisionMenu's (default: all three);
+//   - parallel: world_size 1 is parallel::single_rank; more is the policy with_parallel_policy
+//     names (tensor_parallel_size > 1: parallel::tensor<...>; pipeline_parallel_size > 1 the
+//     pipeline of pipeline_schedule; else the data-parallel policy of gradient_sync,
+//     gradient_compression and zero_stage), among the ParallelMenu's (default:
+//     parallel_menus::data_parallel, data<all_reduce> alone), over communication_backend:
+//     `threads` runs world_size ranks as threads of this process (rank 0's summary is
+//     returned), `mpi` makes this process one rank of mpiexec's job (where the program links
+//     strata::mpi, which defines STRATA_HAVE_MPI).
 //
 // `train(trainer&)` runs on every rank (on thread ranks, concurrently) and returns fit()'s
-// summary. Each combination is one trainer type compiled in full: with
-// data_parallel_menu::every_policy that is 3 precisions x 14 trainers (the compile time of
-// example 01), with all_reduce_only 3 x 4 (example 02); a configuration the menu leaves out is a
-// config_error naming the key. With more than one rank the adaptive batch runs with
-// data<all_reduce> and zero1 only (a config_error for the others). Configurations that name no
-// policy at all (gradient_compression = topk with all_reduce, say) are refused earlier, by
-// config::validate.
+// summary. Each combination is one trainer type compiled in full, which is what a program's
+// compile time grows with: the default menus make 3 precisions x (2 one-rank + 2 data<>)
+// trainers, parallel_menus::every_policy 3 x 16 more. A configuration the menus leave out is a
+// config_error naming the key, never a silent substitute. The adaptive batch runs with more than
+// one rank on data<all_reduce> and zero1 only (a config_error for the others), pipelines and
+// tensor parallelism with a fixed batch. Configurations that name no policy at all
+// (gradient_compression = topk with all_reduce, say) are refused earlier, by config::validate.
 
 #include <exception>
 #include <string>
@@ -56,34 +65,50 @@
 
 namespace strata::train {
 
-// Which data-parallel policies a program compiles in (each is one trainer type per precision and
-// batch policy, compiled in full):
-//   every_policy     every policy with_data_policy names: 14 trainer types per precision;
-//   all_reduce_only  data<all_reduce> without compression or ZeRO, the one most runs use: 4;
-//   mesh             the dp x tp x pp mesh of a model with tensor-parallel layers: data<>,
-//                    pipeline<one_f_one_b>, tensor<data<>> and tensor<pipeline<one_f_one_b>>,
-//                    a fixed batch: 4 (and the one-rank trainers).
-enum class data_parallel_menu { every_policy, all_reduce_only, mesh };
-
-namespace detail {
-
-// Under data_parallel_menu::all_reduce_only, the key that would need another policy.
-inline void check_all_reduce_only(const config::train_config& cfg) {
-  using config::compression_kind;
-  using config::gradient_sync_kind;
-  const char* key = cfg.gradient_sync != gradient_sync_kind::all_reduce  ? "gradient_sync"
-                    : cfg.gradient_compression != compression_kind::none ? "gradient_compression"
-                    : cfg.zero_stage != 0                                ? "zero_stage"
-                                                                         : nullptr;
-  if (key != nullptr) {
-    throw config_error({.key = key},
-                       "this program compiles in only gradient_sync = all_reduce without "
-                       "gradient_compression or zero_stage for world_size > 1 "
-                       "(strata::train::data_parallel_menu::all_reduce_only)");
+// The parallel policies a program compiles in for more than one rank (train_as_configured's
+// first template argument): each is one trainer type per precision and batch policy.
+template <class... Policies>
+struct parallel_menu {
+  template <class Policy>
+  static constexpr bool has = (std::is_same_v<Policy, Policies> || ...);
+  // "data<all_reduce>, zero1": for the error that names what the program has.
+  static std::string names() {
+    std::string out;
+    ((out += (out.empty() ? "" : ", ") + std::string(Policies::name)), ...);
+    return out.empty() ? std::string("no parallel policy") : out;
   }
-}
+};
 
-}  // namespace detail
+// The precision policies a program compiles in (train_as_configured's second argument).
+template <class... Precisions>
+struct precision_menu {
+  template <class Precision>
+  static constexpr bool has = (std::is_same_v<Precision, Precisions> || ...);
+};
+
+namespace parallel_menus {
+namespace sp = parallel;
+// data<all_reduce>: the one most runs use (train_as_configured's default).
+using data_parallel = parallel_menu<sp::data<>>;
+// Every data-parallel policy and pipeline schedule the configuration can name.
+using every_policy = parallel_menu<
+    sp::data<>, sp::data<sp::all_reduce, sp::compress::cast<float16>>,
+    sp::data<sp::all_reduce, sp::compress::cast<bfloat16>>, sp::zero1, sp::data<sp::hierarchical>,
+    sp::data<sp::hierarchical, sp::compress::cast<float16>>,
+    sp::data<sp::hierarchical, sp::compress::cast<bfloat16>>,
+    sp::data<sp::all_gather, sp::compress::topk>, sp::data<sp::parameter_server>,
+    sp::data<sp::parameter_server, sp::compress::topk>, sp::pipeline<strata::pipeline::gpipe>,
+    sp::pipeline<strata::pipeline::one_f_one_b>,
+    sp::pipeline<strata::pipeline::interleaved_1f1b<2>>,
+    sp::pipeline<strata::pipeline::zero_bubble_h1>>;
+// The dp x tp x pp mesh of a model with tensor-parallel layers: data<>, pipeline<one_f_one_b>,
+// tensor<data<>> and tensor<pipeline<one_f_one_b>>.
+using mesh =
+    parallel_menu<sp::data<>, sp::pipeline<strata::pipeline::one_f_one_b>, sp::tensor<sp::data<>>,
+                  sp::tensor<sp::pipeline<strata::pipeline::one_f_one_b>>>;
+}  // namespace parallel_menus
+
+using every_precision = precision_menu<precision::fp32, precision::fp16, precision::bf16>;
 
 // Calls run(std::type_identity<Policy>{}) with the data-parallel policy the configuration names:
 //   gradient_sync = all_reduce: parallel::data<all_reduce> with gradient_compression none,
@@ -92,46 +117,42 @@ inline void check_all_reduce_only(const config::train_config& cfg) {
 //   all_gather: parallel::data<all_gather, compress::topk>;
 //   parameter_server: parallel::data<parameter_server>, with compress::topk when
 //     gradient_compression = topk.
-template <data_parallel_menu Menu = data_parallel_menu::every_policy, class Run>
+// Naming a type instantiates nothing: only what run does with it is compiled.
+template <class Run>
 decltype(auto) with_data_policy(const config::train_config& cfg, Run&& run) {
   namespace sp = parallel;
-  if constexpr (Menu == data_parallel_menu::all_reduce_only) {
-    detail::check_all_reduce_only(cfg);
-    return run(std::type_identity<sp::data<sp::all_reduce>>{});
-  } else {
-    using config::compression_kind;
-    using config::gradient_sync_kind;
-    // The summing synchronisations with the compressor of gradient_compression.
-    const auto summed = [&]<class Sync>(std::type_identity<Sync>) {
-      switch (cfg.gradient_compression) {
-        case compression_kind::float16:
-          return run(std::type_identity<sp::data<Sync, sp::compress::cast<float16>>>{});
-        case compression_kind::bfloat16:
-          return run(std::type_identity<sp::data<Sync, sp::compress::cast<bfloat16>>>{});
-        case compression_kind::none:
-        case compression_kind::topk:
-          break;
-      }
-      return run(std::type_identity<sp::data<Sync>>{});
-    };
-    switch (cfg.gradient_sync) {
-      case gradient_sync_kind::hierarchical:
-        return summed(std::type_identity<sp::hierarchical>{});
-      case gradient_sync_kind::all_gather:
-        return run(std::type_identity<sp::data<sp::all_gather, sp::compress::topk>>{});
-      case gradient_sync_kind::parameter_server:
-        if (cfg.gradient_compression == compression_kind::topk) {
-          return run(std::type_identity<sp::data<sp::parameter_server, sp::compress::topk>>{});
-        }
-        return run(std::type_identity<sp::data<sp::parameter_server>>{});
-      case gradient_sync_kind::all_reduce:
+  using config::compression_kind;
+  using config::gradient_sync_kind;
+  // The summing synchronisations with the compressor of gradient_compression.
+  const auto summed = [&]<class Sync>(std::type_identity<Sync>) {
+    switch (cfg.gradient_compression) {
+      case compression_kind::float16:
+        return run(std::type_identity<sp::data<Sync, sp::compress::cast<float16>>>{});
+      case compression_kind::bfloat16:
+        return run(std::type_identity<sp::data<Sync, sp::compress::cast<bfloat16>>>{});
+      case compression_kind::none:
+      case compression_kind::topk:
         break;
     }
-    if (cfg.zero_stage == 1) {
-      return run(std::type_identity<sp::zero1>{});
-    }
-    return summed(std::type_identity<sp::all_reduce>{});
+    return run(std::type_identity<sp::data<Sync>>{});
+  };
+  switch (cfg.gradient_sync) {
+    case gradient_sync_kind::hierarchical:
+      return summed(std::type_identity<sp::hierarchical>{});
+    case gradient_sync_kind::all_gather:
+      return run(std::type_identity<sp::data<sp::all_gather, sp::compress::topk>>{});
+    case gradient_sync_kind::parameter_server:
+      if (cfg.gradient_compression == compression_kind::topk) {
+        return run(std::type_identity<sp::data<sp::parameter_server, sp::compress::topk>>{});
+      }
+      return run(std::type_identity<sp::data<sp::parameter_server>>{});
+    case gradient_sync_kind::all_reduce:
+      break;
   }
+  if (cfg.zero_stage == 1) {
+    return run(std::type_identity<sp::zero1>{});
+  }
+  return summed(std::type_identity<sp::all_reduce>{});
 }
 
 // Calls run(std::type_identity<Policy>{}) with the pipeline of pipeline_schedule:
@@ -222,103 +243,127 @@ fit_summary train_on_ranks(const Model& model, const config::train_config& cfg, 
   return first;
 }
 
+// Calls run(std::type_identity<Policy>{}) with the parallel policy the configuration names for
+// more than one rank: tensor_parallel_size > 1 is parallel::tensor<Inner> (Inner: the pipeline
+// of pipeline_schedule when pipeline_parallel_size > 1, else data<>), else
+// pipeline_parallel_size > 1 the pipeline of pipeline_schedule, else with_data_policy's.
+template <class Run>
+decltype(auto) with_parallel_policy(const config::train_config& cfg, Run&& run) {
+  if (cfg.tensor_parallel_size > 1) {
+    if (cfg.pipeline_parallel_size > 1) {
+      return with_pipeline_policy(cfg, [&]<class Pipeline>(std::type_identity<Pipeline>) {
+        return run(std::type_identity<parallel::tensor<Pipeline>>{});
+      });
+    }
+    return run(std::type_identity<parallel::tensor<parallel::data<>>>{});
+  }
+  if (cfg.pipeline_parallel_size > 1) {
+    return with_pipeline_policy(cfg, run);
+  }
+  return with_data_policy(cfg, run);
+}
+
 namespace detail {
 
-// data_parallel_menu::mesh on more than one rank: the layout's policy, a fixed batch.
-template <class Model, class Precision, class Train>
-fit_summary on_mesh(const Model& model, const config::train_config& cfg, Train& train) {
-  check_all_reduce_only(cfg);
-  if (cfg.adaptive_batch) {
-    throw config_error({.key = "adaptive_batch"},
-                       "this program runs the dp x tp x pp mesh with a fixed batch "
-                       "(strata::train::data_parallel_menu::mesh)");
-  }
-  if (cfg.pipeline_parallel_size > 1 &&
-      cfg.pipeline_schedule != config::pipeline_schedule_kind::one_f_one_b) {
-    throw config_error({.key = "pipeline_schedule"},
-                       "this program compiles in pipeline_schedule = one_f_one_b only "
-                       "(strata::train::data_parallel_menu::mesh)");
-  }
-  using pipe = parallel::pipeline<strata::pipeline::one_f_one_b>;
-  const auto on = [&]<class Policy>(std::type_identity<Policy>) {
-    return train_on_ranks<trainer<Model, batch::accumulate, Precision, Policy>>(model, cfg, train);
-  };
+// The key of the configuration that names a parallel policy outside the program's menu: the
+// layout's, else the first data-parallel key set away from its default.
+inline std::string parallel_policy_key(const config::train_config& cfg) {
   if (cfg.tensor_parallel_size > 1) {
-    return cfg.pipeline_parallel_size > 1
-               ? on(std::type_identity<parallel::tensor<pipe>>{})
-               : on(std::type_identity<parallel::tensor<parallel::data<>>>{});
+    return "tensor_parallel_size";
   }
-  return cfg.pipeline_parallel_size > 1 ? on(std::type_identity<pipe>{})
-                                        : on(std::type_identity<parallel::data<>>{});
+  if (cfg.pipeline_parallel_size > 1) {
+    return cfg.pipeline_schedule != config::pipeline_schedule_kind::one_f_one_b
+               ? "pipeline_schedule"
+               : "pipeline_parallel_size";
+  }
+  if (cfg.gradient_sync != config::gradient_sync_kind::all_reduce) {
+    return "gradient_sync";
+  }
+  if (cfg.gradient_compression != config::compression_kind::none) {
+    return "gradient_compression";
+  }
+  return cfg.zero_stage != 0 ? "zero_stage" : "world_size";
 }
+
+template <class Policy>
+constexpr bool runs_adaptive_batch =
+    std::is_same_v<Policy, parallel::data<>> || std::is_same_v<Policy, parallel::zero1>;
+
+template <class Policy>
+constexpr bool splits_layers = false;
+template <class Schedule>
+constexpr bool splits_layers<parallel::pipeline<Schedule>> = true;
+template <class Inner>
+constexpr bool splits_layers<parallel::tensor<Inner>> = true;
 
 }  // namespace detail
 
-// Makes the trainer the configuration names and returns train(trainer&) (see the top).
-template <data_parallel_menu Menu = data_parallel_menu::every_policy, class Model, class Train>
+// Makes the trainer the configuration names, among the policies of ParallelMenu (for more than
+// one rank) and PrecisionMenu, and returns train(trainer&) (see the top).
+template <class ParallelMenu = parallel_menus::data_parallel, class PrecisionMenu = every_precision,
+          class Model, class Train>
 fit_summary train_as_configured(const Model& model, const config::train_config& cfg,
                                 Train&& train) {
   return with_precision_policy(cfg, [&]<class Precision>(std::type_identity<Precision>) {
-    if (cfg.world_size == 1) {
-      if (cfg.adaptive_batch) {
-        trainer<Model, batch::adaptive, Precision> run(model, cfg);
+    if constexpr (!PrecisionMenu::template has<Precision>) {
+      throw config_error({.key = "mixed_precision_dtype"}, "this program does not compile in " +
+                                                               std::string(Precision::name) +
+                                                               " (strata::train::precision_menu)");
+      return fit_summary{};
+    } else {
+      if (cfg.world_size == 1) {
+        if (cfg.adaptive_batch) {
+          trainer<Model, batch::adaptive, Precision> run(model, cfg);
+          return fit_summary(train(run));
+        }
+        trainer<Model, batch::accumulate, Precision> run(model, cfg);
         return fit_summary(train(run));
       }
-      trainer<Model, batch::accumulate, Precision> run(model, cfg);
-      return fit_summary(train(run));
-    }
-    if (cfg.communication_backend != config::comm_backend_kind::threads &&
-        cfg.communication_backend != config::comm_backend_kind::mpi) {
-      throw config_error({.key = "communication_backend"},
-                         "train_as_configured runs data parallelism over threads or mpi");
-    }
-#if !defined(STRATA_HAVE_MPI)
-    if (cfg.communication_backend == config::comm_backend_kind::mpi) {
-      throw config_error({.key = "communication_backend"},
-                         "this program was built without MPI (link strata::mpi, which defines "
-                         "STRATA_HAVE_MPI; strata's own build: STRATA_ENABLE_MPI=ON)");
-    }
-#endif
-    if constexpr (Menu == data_parallel_menu::mesh) {
-      return detail::on_mesh<Model, Precision>(model, cfg, train);
-    } else {
-      if (cfg.pipeline_parallel_size > 1) {
-        if constexpr (Menu == data_parallel_menu::all_reduce_only) {
-          throw config_error({.key = "pipeline_parallel_size"},
-                             "this program compiles in data<all_reduce> only "
-                             "(strata::train::data_parallel_menu::all_reduce_only), no pipeline");
-        } else {
-          if (cfg.adaptive_batch) {
-            throw config_error({.key = "adaptive_batch"},
-                               "train_as_configured runs pipelines with a fixed batch; the trainer "
-                               "itself takes batch::adaptive with parallel::pipeline");
-          }
-          return with_pipeline_policy(cfg, [&]<class Policy>(std::type_identity<Policy>) {
-            return train_on_ranks<trainer<Model, batch::accumulate, Precision, Policy>>(model, cfg,
-                                                                                        train);
-          });
-        }
+      if (cfg.communication_backend != config::comm_backend_kind::threads &&
+          cfg.communication_backend != config::comm_backend_kind::mpi) {
+        throw config_error({.key = "communication_backend"},
+                           "train_as_configured runs more than one rank over threads or mpi");
       }
-      return with_data_policy<Menu>(cfg, [&]<class Policy>(std::type_identity<Policy>) {
-        // Runs trainer<Model, Batch, Precision, Policy> on every rank; rank 0's summary.
-        const auto on_ranks = [&]<class Batch>(std::type_identity<Batch>) {
-          return train_on_ranks<trainer<Model, Batch, Precision, Policy>>(model, cfg, train);
-        };
-        if (cfg.adaptive_batch) {
-          // Each trainer type is compiled in full, so the adaptive batch is paired with the two
-          // plain all-reduce policies only; the trainer itself takes it with any of them.
-          if constexpr (std::is_same_v<Policy, parallel::data<>> ||
-                        std::is_same_v<Policy, parallel::zero1>) {
+#if !defined(STRATA_HAVE_MPI)
+      if (cfg.communication_backend == config::comm_backend_kind::mpi) {
+        throw config_error({.key = "communication_backend"},
+                           "this program was built without MPI (link strata::mpi, which defines "
+                           "STRATA_HAVE_MPI; strata's own build: STRATA_ENABLE_MPI=ON)");
+      }
+#endif
+      return with_parallel_policy(cfg, [&]<class Policy>(std::type_identity<Policy>) {
+        if constexpr (!ParallelMenu::template has<Policy>) {
+          throw config_error({.key = detail::parallel_policy_key(cfg)},
+                             "this program compiles in only " + ParallelMenu::names() +
+                                 " for world_size > 1 (strata::train::parallel_menu)");
+          return fit_summary{};
+        } else {
+          // Runs trainer<Model, Batch, Precision, Policy> on every rank; rank 0's summary.
+          const auto on_ranks = [&]<class Batch>(std::type_identity<Batch>) {
+            return train_on_ranks<trainer<Model, Batch, Precision, Policy>>(model, cfg, train);
+          };
+          if (!cfg.adaptive_batch) {
+            return on_ranks(std::type_identity<batch::accumulate>{});
+          }
+          if constexpr (detail::runs_adaptive_batch<Policy>) {
             return on_ranks(std::type_identity<batch::adaptive>{});
+          } else if constexpr (detail::splits_layers<Policy>) {
+            throw config_error({.key = "adaptive_batch"},
+                               "train_as_configured runs pipelines and tensor parallelism with a "
+                               "fixed batch; the trainer itself takes batch::adaptive with "
+                               "parallel::pipeline");
+            return fit_summary{};
           } else {
+            // Each trainer type is compiled in full, so the adaptive batch is paired with the two
+            // plain all-reduce policies only; the trainer itself takes it with any of them.
             throw config_error(
                 {.key = "adaptive_batch"},
                 "train_as_configured runs adaptive_batch with more than one rank on gradient_sync "
                 "= all_reduce without gradient_compression (zero_stage 0 or 1); set "
                 "adaptive_batch = false for this policy");
+            return fit_summary{};
           }
         }
-        return on_ranks(std::type_identity<batch::accumulate>{});
       });
     }
   });

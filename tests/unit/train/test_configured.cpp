@@ -27,9 +27,8 @@ bool accepted(const sc::train_config& cfg) {
 
 // The parallel policy with_data_policy names for cfg, after checking that the policy takes cfg's
 // keys for 2 ranks.
-template <st::data_parallel_menu Menu = st::data_parallel_menu::every_policy>
 std::string policy_for(const sc::train_config& cfg) {
-  return st::with_data_policy<Menu>(cfg, [&]<class Policy>(std::type_identity<Policy>) {
+  return st::with_data_policy(cfg, [&]<class Policy>(std::type_identity<Policy>) {
     CHECK_NOTHROW(Policy::check_config(cfg, 2, 0));
     return std::string(Policy::name);
   });
@@ -95,30 +94,59 @@ TEST_CASE("every parallel configuration validate() takes names a policy that tak
   CHECK(taken == table.size());
 }
 
-TEST_CASE("the all_reduce_only menu names the key another policy would need") {
+TEST_CASE("with_parallel_policy names tensor, pipeline and data policies; menus list theirs") {
+  namespace sp = strata::parallel;
+  const auto named = [](const sc::train_config& cfg) {
+    return st::with_parallel_policy(
+        cfg, []<class Policy>(std::type_identity<Policy>) { return std::string(Policy::name); });
+  };
   sc::train_config cfg;
   cfg.world_size = 2;
-  CHECK(policy_for<st::data_parallel_menu::all_reduce_only>(cfg) == "data<all_reduce>");
-  const auto refused_key = [](const sc::train_config& c) {
-    try {
-      (void)policy_for<st::data_parallel_menu::all_reduce_only>(c);
-    } catch (const strata::config_error& e) {
-      CHECK(std::string(e.what()).find("compiles in only gradient_sync = all_reduce") !=
-            std::string::npos);
-      return e.key();
-    }
-    return std::string("(accepted)");
-  };
+  CHECK(named(cfg) == "data<all_reduce>");
+  cfg.pipeline_parallel_size = 2;
+  CHECK(named(cfg) == sp::pipeline<strata::pipeline::one_f_one_b>::name);
+  cfg.pipeline_schedule = sc::pipeline_schedule_kind::gpipe;
+  CHECK(named(cfg) == sp::pipeline<strata::pipeline::gpipe>::name);
+  cfg.world_size = 4;
+  cfg.tensor_parallel_size = 2;
+  cfg.pipeline_schedule = sc::pipeline_schedule_kind::one_f_one_b;
+  CHECK(named(cfg) == sp::tensor<sp::pipeline<strata::pipeline::one_f_one_b>>::name);
+  cfg.pipeline_parallel_size = 1;
+  CHECK(named(cfg) == sp::tensor<sp::data<>>::name);
+
+  // Menus: membership by type, and the names a refusal lists.
+  using menu = st::parallel_menu<sp::data<>, sp::zero1>;
+  static_assert(menu::has<sp::zero1>);
+  static_assert(!menu::has<sp::data<sp::hierarchical>>);
+  CHECK(menu::names() == "data<all_reduce>, zero1");
+  static_assert(st::parallel_menus::data_parallel::has<sp::data<>>);
+  static_assert(st::parallel_menus::every_policy::has<sp::data<sp::parameter_server>>);
+  static_assert(st::parallel_menus::mesh::has<sp::tensor<sp::data<>>>);
+  static_assert(st::every_precision::has<strata::precision::bf16>);
+  static_assert(!st::precision_menu<strata::precision::fp32>::has<strata::precision::fp16>);
+  CHECK(st::parallel_menu<>::names() == "no parallel policy");
+
+  // The key a refusal names: the one that asked for a policy outside the menu.
+  const auto key = [](const sc::train_config& c) { return st::detail::parallel_policy_key(c); };
+  cfg = {};
+  cfg.world_size = 2;
+  CHECK(key(cfg) == "world_size");
   cfg.gradient_sync = sc::gradient_sync_kind::hierarchical;
-  CHECK(refused_key(cfg) == "gradient_sync");
+  CHECK(key(cfg) == "gradient_sync");
   cfg = {};
   cfg.world_size = 2;
   cfg.gradient_compression = sc::compression_kind::bfloat16;
-  CHECK(refused_key(cfg) == "gradient_compression");
+  CHECK(key(cfg) == "gradient_compression");
   cfg = {};
   cfg.world_size = 2;
   cfg.zero_stage = 1;
-  CHECK(refused_key(cfg) == "zero_stage");
+  CHECK(key(cfg) == "zero_stage");
+  cfg.pipeline_parallel_size = 2;
+  CHECK(key(cfg) == "pipeline_parallel_size");
+  cfg.pipeline_schedule = sc::pipeline_schedule_kind::zero_bubble_h1;
+  CHECK(key(cfg) == "pipeline_schedule");
+  cfg.tensor_parallel_size = 2;
+  CHECK(key(cfg) == "tensor_parallel_size");
 }
 
 TEST_CASE("mixed_precision_dtype names the precision policy") {
