@@ -51,7 +51,8 @@ auto mlp_augmentation(bool augment) {
 template <class ParallelMenu = parallel_menus::data_parallel,
           class PrecisionMenu = strata::train::every_precision>
 strata::train::fit_summary train(const sc::train_config& cfg) {
-  const sd::idx_dataset train = sd::load_fashion_mnist(cfg.data_dir, sd::fashion_mnist_split::train);
+  const sd::idx_dataset train =
+      sd::load_fashion_mnist(cfg.data_dir, sd::fashion_mnist_split::train);
   const sd::idx_dataset test = sd::load_fashion_mnist(cfg.data_dir, sd::fashion_mnist_split::test);
   // The batch, precision and parallel policies follow the configuration (adaptive_batch,
   // gradient_accumulation_steps, mixed_precision_dtype, world_size, communication_backend, and
