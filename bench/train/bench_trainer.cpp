@@ -18,7 +18,9 @@
 //     more trainer run per repeat with one round of the products after each step, each step's
 //     time against the rounds around it (the note and the JSON give the median and quartiles),
 //     and run by run, each run's rate against the limits measured around it; both so that a
-//     shared machine's drift hits the two sides of each ratio alike. limit_bf16: the same
+//     shared machine's drift hits the two sides of each ratio alike. limit_onednn,
+//     limit_openblas, limit_eigen: each provider's own limit (its median), as a share of
+//     limit_fp32, the one "auto" takes on this CPU marked (model::gemm_table). limit_bf16: the same
 //     products in bfloat16 on oneDNN, where the CPU has bfloat16 units (AVX512-BF16 or
 //     AMX-BF16), whether or not the trainer uses them (model::bf16_products); elsewhere the row
 //     says why not.
@@ -32,6 +34,7 @@
 // Formulas: docs/benchmarks.md.
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -352,6 +355,10 @@ int main(int argc, char** argv) {
   for (const sm::gemm_provider p : sm::available_gemm_providers()) {
     std::printf("# provider %s\n", sm::describe(sm::decide_gemm(p, env), env).c_str());
   }
+  const sm::gemm_provider auto_provider = sm::decide_gemm(std::nullopt, env).provider;
+  std::printf("# auto takes %s on this CPU (%s %s)\n", sm::to_string(auto_provider),
+              strata::to_string(env.cpu.vendor),
+              std::string(strata::to_string(strata::class_of(env.cpu))).c_str());
   // What OpenBLAS would need to use its proper kernels (for PyTorch's run too, if it uses it).
   const std::string coretype = bench::openblas_coretype_fix(env);
   if (!coretype.empty()) {
@@ -389,12 +396,15 @@ int main(int argc, char** argv) {
     std::vector<double> bf16_rates;
     // The fp32 GEMM limit on the fastest provider, measured between the runs too.
     std::vector<double> limit_rates;
+    std::array<std::vector<double>, 3> provider_rates;  // each provider's limit, by gemm_provider
     std::string limit_provider;
     sm::gemm_provider fastest = sm::current_gemm();
     const auto measure_limit = [&] {
       double best = 1e30;
       for (const sm::gemm_provider p : sm::available_gemm_providers()) {
         const double seconds = step_gemm_seconds(p, o.batch);
+        provider_rates[static_cast<std::size_t>(p)].push_back(static_cast<double>(o.batch) /
+                                                              seconds);
         if (seconds < best) {
           best = seconds;
           limit_provider = sm::to_string(p);
@@ -493,7 +503,21 @@ int main(int argc, char** argv) {
                            torch_bf16->at("wait_policy").get<std::string>()
                      : std::string(o.torch ? "not run" : "--no-torch"));
     }
-    row("limit_fp32", t, limit, std::nullopt, "the step's GEMMs alone on " + limit_provider);
+    row("limit_fp32", t, limit, std::nullopt,
+        "the step's GEMMs alone on the fastest provider, " + limit_provider);
+    // Each provider's limit (the median of its measurements), against the fastest's: whether
+    // the provider "auto" takes on this CPU (model::gemm_table) is the fastest here.
+    for (const sm::gemm_provider p : sm::available_gemm_providers()) {
+      const auto& rates = provider_rates[static_cast<std::size_t>(p)];
+      const double rate = median(rates);
+      const std::string name = std::string("limit_") + sm::to_string(p);
+      char share_of_best[96];
+      std::snprintf(share_of_best, sizeof share_of_best, "%.1f%% of limit_fp32",
+                    100.0 * rate / limit);
+      row(name.c_str(), t, rate, std::nullopt,
+          sm::describe(sm::decide_gemm(p, env), env) + ", " + share_of_best +
+              (p == auto_provider ? "; auto's choice on this CPU" : ""));
+    }
     if (o.bf16) {
       if (bf16_units) {
         // The products in bfloat16 even where the automatic mode keeps them in float32.

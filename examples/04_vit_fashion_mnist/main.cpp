@@ -71,8 +71,11 @@ int main(int argc, char** argv) {
         const sd::idx_dataset test =
             sd::load_fashion_mnist(cfg.data_dir, sd::fashion_mnist_split::test);
         // One rank, or the mesh's policy: data<>, pipeline<one_f_one_b>, tensor<data<>> or
-        // tensor<pipeline<one_f_one_b>> (strata::train::data_parallel_menu::mesh).
-        return examples::train_as_configured<examples::parallel_menus::mesh>(
+        // tensor<pipeline<one_f_one_b>> (strata::train::parallel_menus::mesh), every precision,
+        // a fixed batch.
+        return examples::train_as_configured<examples::parallel_menus::mesh,
+                                             strata::train::every_precision,
+                                             strata::train::batch_menu<strata::batch::accumulate>>(
             make_vit(), cfg, [&](auto& run) {
               if (run.rank() == 0) {
                 std::printf(

@@ -84,15 +84,16 @@ void prepare(Trainer& run, const strata::config::train_config& cfg) {
 }
 
 template <class ParallelMenu = parallel_menus::data_parallel,
-          class PrecisionMenu = strata::train::every_precision, class Model, class Train>
+          class PrecisionMenu = strata::train::every_precision,
+          class BatchMenu = strata::train::every_batch, class Model, class Train>
 strata::train::fit_summary train_as_configured(const Model& model,
                                                const strata::config::train_config& cfg,
                                                Train&& train) {
-  return strata::train::train_as_configured<ParallelMenu, PrecisionMenu>(model, cfg,
-                                                                         [&](auto& run) {
-                                                                           prepare(run, cfg);
-                                                                           return train(run);
-                                                                         });
+  return strata::train::train_as_configured<ParallelMenu, PrecisionMenu, BatchMenu>(
+      model, cfg, [&](auto& run) {
+        prepare(run, cfg);
+        return train(run);
+      });
 }
 
 // Parses the command line (with `config_name` beside the binary as the default file) and runs

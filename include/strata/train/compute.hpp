@@ -18,7 +18,6 @@
 
 #include "strata/config/train_config.hpp"
 #include "strata/core/cpu_features.hpp"
-#include "strata/core/dtype.hpp"
 #include "strata/core/error.hpp"
 #include "strata/model/blas.hpp"
 #include "strata/model/gemm.hpp"
@@ -101,29 +100,6 @@ inline model::gemm_decision set_up_gemm(const config::train_config& cfg, int ran
                       " on this CPU otherwise)");
   }
   set_up_bf16_products(cfg, d.provider);
-  return d;
-}
-
-// The same on a rank of `comm` (null: one rank). With gemm = auto the ranks then take rank 0's
-// provider: ranks on machines of different CPUs may choose differently, and ranks that compute
-// with different kernels do not stay bit-identical (a collective: every rank of comm calls it
-// once).
-template <class Comm>
-model::gemm_decision set_up_gemm(const config::train_config& cfg, Comm* comm) {
-  model::gemm_decision d = set_up_gemm(cfg, comm != nullptr ? comm->ranks_sharing_cpus() : 1);
-  if (comm == nullptr || comm->size() < 2 || cfg.gemm != config::gemm_kind::automatic) {
-    return d;
-  }
-  float chosen = static_cast<float>(static_cast<int>(d.provider));
-  comm->broadcast(&chosen, 1, dtype::float32, 0);
-  const auto rank0 = static_cast<model::gemm_provider>(static_cast<int>(chosen));
-  if (rank0 != d.provider) {
-    const std::string own = model::to_string(d.provider);
-    d = model::select_gemm(rank0);
-    d.notes.push_back("auto: rank 0 chose " + std::string(model::to_string(rank0)) +
-                      ", which every rank uses (this rank's CPU would take " + own + ")");
-    set_up_bf16_products(cfg, d.provider);
-  }
   return d;
 }
 

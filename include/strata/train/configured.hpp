@@ -17,7 +17,8 @@
 //       model, cfg, train);
 //
 //   - batch: batch::adaptive when adaptive_batch is on, else batch::accumulate (with
-//     gradient_accumulation_steps = 1 that is a fixed batch);
+//     gradient_accumulation_steps = 1 that is a fixed batch), among the BatchMenu's (default:
+//     both);
 //   - precision: precision::fp32, fp16 or bf16 by mixed_precision_dtype (with_precision_policy),
 //     among the PrecisionMenu's (default: all three);
 //   - parallel: world_size 1 is parallel::single_rank; more is the policy with_parallel_policy
@@ -86,6 +87,14 @@ struct precision_menu {
   static constexpr bool has = (std::is_same_v<Precision, Precisions> || ...);
 };
 
+// The batch policies a program compiles in (train_as_configured's third argument):
+// batch::accumulate (a fixed batch when gradient_accumulation_steps = 1) and batch::adaptive.
+template <class... Batches>
+struct batch_menu {
+  template <class Batch>
+  static constexpr bool has = (std::is_same_v<Batch, Batches> || ...);
+};
+
 namespace parallel_menus {
 namespace sp = parallel;
 // data<all_reduce>: the one most runs use (train_as_configured's default).
@@ -109,6 +118,7 @@ using mesh =
 }  // namespace parallel_menus
 
 using every_precision = precision_menu<precision::fp32, precision::fp16, precision::bf16>;
+using every_batch = batch_menu<batch::accumulate, batch::adaptive>;
 
 // Calls run(std::type_identity<Policy>{}) with the data-parallel policy the configuration names:
 //   gradient_sync = all_reduce: parallel::data<all_reduce> with gradient_compression none,
@@ -299,11 +309,16 @@ constexpr bool splits_layers<parallel::tensor<Inner>> = true;
 }  // namespace detail
 
 // Makes the trainer the configuration names, among the policies of ParallelMenu (for more than
-// one rank) and PrecisionMenu, and returns train(trainer&) (see the top).
+// one rank), PrecisionMenu and BatchMenu, and returns train(trainer&) (see the top).
 template <class ParallelMenu = parallel_menus::data_parallel, class PrecisionMenu = every_precision,
-          class Model, class Train>
+          class BatchMenu = every_batch, class Model, class Train>
 fit_summary train_as_configured(const Model& model, const config::train_config& cfg,
                                 Train&& train) {
+  if (cfg.adaptive_batch && !BatchMenu::template has<batch::adaptive>) {
+    throw config_error({.key = "adaptive_batch"},
+                       "this program compiles in a fixed batch only (batch::accumulate; "
+                       "strata::train::batch_menu)");
+  }
   return with_precision_policy(cfg, [&]<class Precision>(std::type_identity<Precision>) {
     if constexpr (!PrecisionMenu::template has<Precision>) {
       throw config_error({.key = "mixed_precision_dtype"}, "this program does not compile in " +
@@ -312,9 +327,11 @@ fit_summary train_as_configured(const Model& model, const config::train_config& 
       return fit_summary{};
     } else {
       if (cfg.world_size == 1) {
-        if (cfg.adaptive_batch) {
-          trainer<Model, batch::adaptive, Precision> run(model, cfg);
-          return fit_summary(train(run));
+        if constexpr (BatchMenu::template has<batch::adaptive>) {
+          if (cfg.adaptive_batch) {
+            trainer<Model, batch::adaptive, Precision> run(model, cfg);
+            return fit_summary(train(run));
+          }
         }
         trainer<Model, batch::accumulate, Precision> run(model, cfg);
         return fit_summary(train(run));
@@ -345,7 +362,8 @@ fit_summary train_as_configured(const Model& model, const config::train_config& 
           if (!cfg.adaptive_batch) {
             return on_ranks(std::type_identity<batch::accumulate>{});
           }
-          if constexpr (detail::runs_adaptive_batch<Policy>) {
+          if constexpr (BatchMenu::template has<batch::adaptive> &&
+                        detail::runs_adaptive_batch<Policy>) {
             return on_ranks(std::type_identity<batch::adaptive>{});
           } else if constexpr (detail::splits_layers<Policy>) {
             throw config_error({.key = "adaptive_batch"},

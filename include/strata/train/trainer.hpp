@@ -129,7 +129,7 @@ class trainer {
         to_string(model_.input_shape()) + " -> " + to_string(model_.output_shape()),
         policy_ops::description(cfg_), policy_ops::description(cfg_, false));
     // For the whole process (every rank of comm::threads sets the same before the broadcast).
-    gemm_ = detail::set_up_gemm(cfg_, comm_ ? &*comm_ : nullptr);
+    gemm_ = detail::set_up_gemm(cfg_, comm_ ? comm_->ranks_sharing_cpus() : 1);
     precision_.prepare([this] { return fresh_store(); });
     if (comm_) {
       // Every rank runs the same settings and model before anything moves or is written.

@@ -124,6 +124,8 @@ TEST_CASE("with_parallel_policy names tensor, pipeline and data policies; menus 
   static_assert(st::parallel_menus::mesh::has<sp::tensor<sp::data<>>>);
   static_assert(st::every_precision::has<strata::precision::bf16>);
   static_assert(!st::precision_menu<strata::precision::fp32>::has<strata::precision::fp16>);
+  static_assert(st::every_batch::has<strata::batch::adaptive>);
+  static_assert(!st::batch_menu<strata::batch::accumulate>::has<strata::batch::adaptive>);
   CHECK(st::parallel_menu<>::names() == "no parallel policy");
 
   // The key a refusal names: the one that asked for a policy outside the menu.
