@@ -68,16 +68,31 @@ namespace strata::train {
 
 // The parallel policies a program compiles in for more than one rank (train_as_configured's
 // first template argument): each is one trainer type per precision and batch policy.
+// With the batch menu's batch::adaptive, every policy of the menu is also compiled with the
+// adaptive batch (adaptive_with<Menu, ...> names fewer).
 template <class... Policies>
 struct parallel_menu {
   template <class Policy>
   static constexpr bool has = (std::is_same_v<Policy, Policies> || ...);
-  // "data<all_reduce>, zero1": for the error that names what the program has.
+  template <class Policy>
+  static constexpr bool adaptive = has<Policy>;
+  // "data<all_reduce>, zero1": for the errors that name what the program has.
   static std::string names() {
     std::string out;
     ((out += (out.empty() ? "" : ", ") + std::string(Policies::name)), ...);
     return out.empty() ? std::string("no parallel policy") : out;
   }
+  static std::string adaptive_names() { return names(); }
+};
+
+// Menu, with the adaptive batch compiled for AdaptivePolicies only (each pairing is one more
+// trainer type per precision): parallel_menus::every_policy pairs it with data<all_reduce> and
+// zero1, the mesh with data<all_reduce>.
+template <class Menu, class... AdaptivePolicies>
+struct adaptive_with : Menu {
+  template <class Policy>
+  static constexpr bool adaptive = (std::is_same_v<Policy, AdaptivePolicies> || ...);
+  static std::string adaptive_names() { return parallel_menu<AdaptivePolicies...>::names(); }
 };
 
 // The precision policies a program compiles in (train_as_configured's second argument).
@@ -99,22 +114,26 @@ namespace parallel_menus {
 namespace sp = parallel;
 // data<all_reduce>: the one most runs use (train_as_configured's default).
 using data_parallel = parallel_menu<sp::data<>>;
-// Every data-parallel policy and pipeline schedule the configuration can name.
-using every_policy = parallel_menu<
-    sp::data<>, sp::data<sp::all_reduce, sp::compress::cast<float16>>,
-    sp::data<sp::all_reduce, sp::compress::cast<bfloat16>>, sp::zero1, sp::data<sp::hierarchical>,
-    sp::data<sp::hierarchical, sp::compress::cast<float16>>,
-    sp::data<sp::hierarchical, sp::compress::cast<bfloat16>>,
-    sp::data<sp::all_gather, sp::compress::topk>, sp::data<sp::parameter_server>,
-    sp::data<sp::parameter_server, sp::compress::topk>, sp::pipeline<strata::pipeline::gpipe>,
-    sp::pipeline<strata::pipeline::one_f_one_b>,
-    sp::pipeline<strata::pipeline::interleaved_1f1b<2>>,
-    sp::pipeline<strata::pipeline::zero_bubble_h1>>;
+// Every data-parallel policy and pipeline schedule the configuration can name; the adaptive
+// batch with data<all_reduce> and zero1.
+using every_policy = adaptive_with<
+    parallel_menu<
+        sp::data<>, sp::data<sp::all_reduce, sp::compress::cast<float16>>,
+        sp::data<sp::all_reduce, sp::compress::cast<bfloat16>>, sp::zero1,
+        sp::data<sp::hierarchical>, sp::data<sp::hierarchical, sp::compress::cast<float16>>,
+        sp::data<sp::hierarchical, sp::compress::cast<bfloat16>>,
+        sp::data<sp::all_gather, sp::compress::topk>, sp::data<sp::parameter_server>,
+        sp::data<sp::parameter_server, sp::compress::topk>, sp::pipeline<strata::pipeline::gpipe>,
+        sp::pipeline<strata::pipeline::one_f_one_b>,
+        sp::pipeline<strata::pipeline::interleaved_1f1b<2>>,
+        sp::pipeline<strata::pipeline::zero_bubble_h1>>,
+    sp::data<>, sp::zero1>;
 // The dp x tp x pp mesh of a model with tensor-parallel layers: data<>, pipeline<one_f_one_b>,
-// tensor<data<>> and tensor<pipeline<one_f_one_b>>.
-using mesh =
+// tensor<data<>> and tensor<pipeline<one_f_one_b>>; the adaptive batch with data<> only.
+using mesh = adaptive_with<
     parallel_menu<sp::data<>, sp::pipeline<strata::pipeline::one_f_one_b>, sp::tensor<sp::data<>>,
-                  sp::tensor<sp::pipeline<strata::pipeline::one_f_one_b>>>;
+                  sp::tensor<sp::pipeline<strata::pipeline::one_f_one_b>>>,
+    sp::data<>>;
 }  // namespace parallel_menus
 
 using every_precision = precision_menu<precision::fp32, precision::fp16, precision::bf16>;
@@ -295,17 +314,6 @@ inline std::string parallel_policy_key(const config::train_config& cfg) {
   return cfg.zero_stage != 0 ? "zero_stage" : "world_size";
 }
 
-template <class Policy>
-constexpr bool runs_adaptive_batch =
-    std::is_same_v<Policy, parallel::data<>> || std::is_same_v<Policy, parallel::zero1>;
-
-template <class Policy>
-constexpr bool splits_layers = false;
-template <class Schedule>
-constexpr bool splits_layers<parallel::pipeline<Schedule>> = true;
-template <class Inner>
-constexpr bool splits_layers<parallel::tensor<Inner>> = true;
-
 }  // namespace detail
 
 // Makes the trainer the configuration names, among the policies of ParallelMenu (for more than
@@ -363,22 +371,17 @@ fit_summary train_as_configured(const Model& model, const config::train_config& 
             return on_ranks(std::type_identity<batch::accumulate>{});
           }
           if constexpr (BatchMenu::template has<batch::adaptive> &&
-                        detail::runs_adaptive_batch<Policy>) {
+                        ParallelMenu::template adaptive<Policy>) {
             return on_ranks(std::type_identity<batch::adaptive>{});
-          } else if constexpr (detail::splits_layers<Policy>) {
-            throw config_error({.key = "adaptive_batch"},
-                               "train_as_configured runs pipelines and tensor parallelism with a "
-                               "fixed batch; the trainer itself takes batch::adaptive with "
-                               "parallel::pipeline");
-            return fit_summary{};
           } else {
-            // Each trainer type is compiled in full, so the adaptive batch is paired with the two
-            // plain all-reduce policies only; the trainer itself takes it with any of them.
-            throw config_error(
-                {.key = "adaptive_batch"},
-                "train_as_configured runs adaptive_batch with more than one rank on gradient_sync "
-                "= all_reduce without gradient_compression (zero_stage 0 or 1); set "
-                "adaptive_batch = false for this policy");
+            // Each pairing is a trainer type compiled in full, so the menu names the policies
+            // the adaptive batch runs with (adaptive_with); the trainer itself takes more.
+            throw config_error({.key = "adaptive_batch"},
+                               "this program compiles adaptive_batch with more than one rank for " +
+                                   ParallelMenu::adaptive_names() +
+                                   " only (strata::train::adaptive_with); set adaptive_batch = "
+                                   "false for " +
+                                   std::string(Policy::name));
             return fit_summary{};
           }
         }

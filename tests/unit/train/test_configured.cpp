@@ -125,6 +125,16 @@ TEST_CASE("with_parallel_policy names tensor, pipeline and data policies; menus 
   static_assert(st::every_precision::has<strata::precision::bf16>);
   static_assert(!st::precision_menu<strata::precision::fp32>::has<strata::precision::fp16>);
   static_assert(st::every_batch::has<strata::batch::adaptive>);
+  // The adaptive batch: with every policy of a plain menu, with the listed ones of adaptive_with.
+  static_assert(menu::adaptive<sp::zero1>);
+  using every = st::parallel_menus::every_policy;
+  static_assert(every::has<sp::data<sp::hierarchical>> &&
+                !every::adaptive<sp::data<sp::hierarchical>>);
+  static_assert(every::adaptive<sp::data<>> && every::adaptive<sp::zero1>);
+  CHECK(every::adaptive_names() == "data<all_reduce>, zero1");
+  using mesh = st::parallel_menus::mesh;
+  static_assert(mesh::has<sp::tensor<sp::data<>>> && !mesh::adaptive<sp::tensor<sp::data<>>>);
+  CHECK(mesh::adaptive_names() == "data<all_reduce>");
   static_assert(!st::batch_menu<strata::batch::accumulate>::has<strata::batch::adaptive>);
   CHECK(st::parallel_menu<>::names() == "no parallel policy");
 
